@@ -1,0 +1,369 @@
+"""Policy-gradient mask learning (method.md sections 3-5).
+
+One logit per sample. Each step draws a fresh random batch B of ``partial * pool`` samples,
+samples G exact-k' masks from softmax(L_B) with the Gumbel-top-k trick, scores every mask with
+the joint objective on B, and moves the logits by the group-normalised advantage:
+
+    L_B <- L_B + (lr / G) * A^T M
+
+which is a single scatter-add (no autograd). The learning rate falls linearly from ``max_lr``
+to ``min_lr``. The read-out is the top-k by final logit, ties broken by id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .config import ConfigError, LearnerConfig
+from .objectives import Batch, default_mem_budget, score
+
+CHECKPOINT_FORMAT = 1
+
+
+class DeviceError(ValueError):
+    """The requested device does not exist on this machine."""
+
+
+def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
+    """``auto`` -> CUDA when present, else CPU; ``cuda:N`` must exist; ``cpu`` always works."""
+    if isinstance(spec, torch.device):
+        spec = str(spec)
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise DeviceError(
+                f"device {spec!r} requested but CUDA is not available on this machine "
+                f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
+                "use --device cpu or --device auto"
+            )
+        dev = torch.device(spec if ":" in spec else "cuda:0")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise DeviceError(
+                f"device {spec!r} requested but only {torch.cuda.device_count()} CUDA "
+                "device(s) are visible"
+            )
+        return dev
+    raise DeviceError(f"unknown device {spec!r}: use auto, cpu or cuda:N")
+
+
+@dataclass
+class Progress:
+    step: int
+    n_steps: int
+    lr: float
+    mean_f: float
+    best_f: float
+    mean_f_qua: float
+    mean_f_div: float
+    elapsed_s: float
+    eta_s: float
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class LearnResult:
+    selected: np.ndarray  # bool (n,)
+    logits: np.ndarray  # float32 (n,)
+    rank: np.ndarray  # int64 (n,), 0 = best
+    history: list = field(default_factory=list)
+    steps: int = 0
+    wall_time_s: float = 0.0
+    device: str = "cpu"
+    resumed_from: int | None = None
+    config_hash: str = ""
+    sizes: dict = field(default_factory=dict)
+
+    @property
+    def selected_idx(self) -> np.ndarray:
+        return np.flatnonzero(self.selected)
+
+
+# ---------------------------------------------------------------- helpers
+def device_memory(device: torch.device) -> int:
+    """Bytes the device can still give us."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError):  # pragma: no cover - non-POSIX
+        return 1 << 40
+
+
+def estimate_memory(
+    n: int, d: int, cfg: LearnerConfig, device: torch.device | str = "cpu",
+    itemsize: int = 4, mem_budget: int | None = None,
+) -> dict:
+    """Pre-flight estimate of peak bytes for a run; raises ConfigError when it cannot fit.
+
+    Counts the resident embeddings and quality, the logits, one batch copy, the (G, m) Gumbel
+    keys and the (G, k') masks, and the objective's working memory (bounded by mem_budget).
+    """
+    device = resolve_device(device)
+    sz = cfg.sizes(n)
+    m, kb, G = sz["batch"], sz["k_batch"], cfg.n_rollout
+    budget = mem_budget or default_mem_budget(device)
+    parts = {
+        "embeddings": n * d * itemsize,
+        "logits": 2 * n * 4,
+        "batch_copy": 2 * m * d * itemsize,
+        "gumbel_keys": 2 * G * m * 4,
+        "masks": G * kb * 8 * 2,
+        "objective_workspace": budget,
+    }
+    if cfg.algorithm == "Facility" and m * m * itemsize * 2 <= budget:
+        parts["similarity_matrix"] = m * m * itemsize
+    total = int(sum(parts.values()))
+    avail = device_memory(device)
+    out = {"total_bytes": total, "available_bytes": avail, "parts": parts}
+    if total > avail:
+        biggest = max(parts, key=parts.get)
+        knob = {
+            "embeddings": "shard size (split the shard into more partitions) or precision",
+            "gumbel_keys": "n_rollout or partial",
+            "batch_copy": "partial",
+            "masks": "n_rollout or partial",
+            "objective_workspace": "the objective memory budget (mem_budget)",
+            "similarity_matrix": "partial",
+            "logits": "shard size",
+        }[biggest]
+        raise ConfigError(
+            f"estimated peak memory {total / 2**30:.2f} GiB exceeds the {avail / 2**30:.2f} GiB "
+            f"available on {device}; largest part is {biggest} "
+            f"({parts[biggest] / 2**30:.2f} GiB): lower {knob}"
+        )
+    return out
+
+
+def initial_logits(q: torch.Tensor, init: str) -> torch.Tensor:
+    if init == "same":
+        return torch.zeros_like(q, dtype=torch.float32)
+    qmin, qmax = q.min(), q.max()
+    span = (qmax - qmin).clamp(min=1e-12)
+    qt = (q - qmin) / span + 1e-3
+    return qt.log().to(torch.float32)
+
+
+def _id_rank(ids, n: int) -> np.ndarray:
+    if ids is None:
+        return np.arange(n)
+    ids = np.asarray(ids)
+    order = np.argsort(ids, kind="stable")
+    r = np.empty(n, dtype=np.int64)
+    r[order] = np.arange(n)
+    return r
+
+
+def readout(logits: np.ndarray, k: int, ids=None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k by logit, ties by id ascending. Returns (selected bool, rank)."""
+    n = logits.shape[0]
+    order = np.lexsort((_id_rank(ids, n), -logits.astype(np.float64)))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    return rank < k, rank
+
+
+def quality_pool(q: np.ndarray, prune_ratio: float, ids=None) -> np.ndarray:
+    """Indices kept after dropping the bottom prune_ratio by quality (sorted)."""
+    n = q.shape[0]
+    drop = int(prune_ratio * n)
+    if drop == 0:
+        return np.arange(n)
+    order = np.lexsort((_id_rank(ids, n), -q.astype(np.float64)))
+    return np.sort(order[: n - drop])
+
+
+def _fingerprint(x: torch.Tensor, q: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    h.update(str(tuple(x.shape)).encode())
+    h.update(np.float64(q.double().sum().item()).tobytes())
+    h.update(np.float64(x.double().sum().item()).tobytes())
+    h.update(np.float64(x[:, 0].double().abs().sum().item()).tobytes())
+    return h.hexdigest()[:16]
+
+
+HISTORY_KEYS = ("step", "lr", "mean_f", "best_f", "mean_f_qua", "mean_f_div", "elapsed_s")
+
+
+def save_checkpoint(path: str, state: dict) -> None:
+    """Atomic: write a temp file beside the target, fsync, rename."""
+    from . import storage
+
+    with storage.atomic_output(path) as fh:
+        torch.save(state, fh)
+
+
+def load_checkpoint(path: str) -> dict | None:
+    from . import storage
+
+    if not storage.exists(path):
+        return None
+    fs, p = storage.resolve(path)
+    with fs.open_input_stream(p) as fh:
+        import io
+
+        buf = io.BytesIO(fh.read())
+    # weights_only: tensors, numbers, strings and containers only; no code runs on load.
+    return torch.load(buf, map_location="cpu", weights_only=True)
+
+
+def sample_masks(logits_b: torch.Tensor, G: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """G exact-k masks drawn without replacement from softmax(logits_b), as a (G, k) index
+    tensor: Gumbel-top-k (the k largest of logits + Gumbel(0, 1) noise, -log(Exp(1)))."""
+    e = torch.empty((G, logits_b.numel()), device=logits_b.device, dtype=torch.float32)
+    e.exponential_(generator=gen)
+    keys = logits_b.unsqueeze(0) - e.log_()
+    return keys.topk(k, dim=1, sorted=False).indices
+
+
+# ------------------------------------------------------------------ learner
+def learn(
+    x,
+    q,
+    cfg: LearnerConfig,
+    *,
+    ids=None,
+    device: str | torch.device = "auto",
+    dtype: torch.dtype = torch.float32,
+    checkpoint_path: str | None = None,
+    checkpoint_every: int = 0,
+    progress: Callable[[Progress], None] | None = None,
+    progress_every: int | None = None,
+    mem_budget: int | None = None,
+    on_eval: Callable[[int, np.ndarray, float], None] | None = None,
+    eval_every: int = 0,
+    max_steps: int | None = None,
+) -> LearnResult:
+    """Learn a selection of k = round(select_ratio * n) samples.
+
+    ``x``: (n, d) embeddings, ``q``: (n,) quality (numpy or torch). ``ids`` orders ties in the
+    read-out. With ``checkpoint_path`` the logits, step, history and RNG state are saved every
+    ``checkpoint_every`` steps and a matching checkpoint is resumed from. ``on_eval(step,
+    selected_idx, learner_elapsed_s)`` is called every ``eval_every`` steps with the current
+    read-out (its own time is not counted in elapsed). ``max_steps`` stops early (used to
+    simulate interruption in tests; the lr schedule still spans ``n_epochs``).
+    """
+    t_start = time.perf_counter()
+    dev = resolve_device(device)
+    x = torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x)
+    q = torch.as_tensor(np.asarray(q) if not torch.is_tensor(q) else q)
+    if x.ndim != 2 or q.ndim != 1 or x.shape[0] != q.shape[0]:
+        raise ValueError(f"x must be (n, d) and q (n,), got {tuple(x.shape)} and {tuple(q.shape)}")
+    n, d = x.shape
+    cfg.validate(n)
+    sz = cfg.sizes(n)
+    estimate_memory(n, d, cfg, dev, itemsize=torch.finfo(dtype).bits // 8, mem_budget=mem_budget)
+    k, m, kb, G, T = sz["k"], sz["batch"], sz["k_batch"], cfg.n_rollout, cfg.n_epochs
+    every = progress_every or max(1, T // 100)
+
+    x = x.to(device=dev, dtype=dtype)
+    q_np = q.double().numpy() if q.device.type == "cpu" else q.double().cpu().numpy()
+    q = q.to(device=dev, dtype=dtype)
+    pool = torch.as_tensor(quality_pool(q_np, cfg.prune_ratio, ids), device=dev)
+    P = pool.numel()
+
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(int(cfg.seed))
+    logits = torch.full((n,), -math.inf, dtype=torch.float32, device=dev)
+    logits[pool] = initial_logits(q[pool].float(), cfg.init)
+    history: list[dict] = []
+    start_step = 0
+    resumed_from = None
+    fingerprint = _fingerprint(x, q)
+    chash = cfg.config_hash()
+
+    if checkpoint_path:
+        ck = load_checkpoint(checkpoint_path)
+        if ck is not None:
+            if ck.get("config_hash") != chash or ck.get("fingerprint") != fingerprint \
+                    or ck.get("device_type") != dev.type:
+                ck = None  # a checkpoint of another run: start fresh (it is overwritten)
+        if ck is not None:
+            logits = ck["logits"].to(dev)
+            start_step = int(ck["step"])
+            gen.set_state(ck["rng_state"].to("cpu") if dev.type == "cuda" else ck["rng_state"])
+            hist = ck["history"]
+            history = [dict(zip(HISTORY_KEYS, map(float, row))) for row in hist.tolist()]
+            for h in history:
+                h["step"] = int(h["step"])
+            resumed_from = start_step
+
+    def checkpoint(step: int) -> None:
+        hist = torch.tensor([[h[kk] for kk in HISTORY_KEYS] for h in history], dtype=torch.float64)
+        save_checkpoint(
+            checkpoint_path,
+            {
+                "format": CHECKPOINT_FORMAT,
+                "logits": logits.detach().cpu(),
+                "step": step,
+                "rng_state": gen.get_state(),
+                "history": hist.reshape(-1, len(HISTORY_KEYS)),
+                "config_hash": chash,
+                "fingerprint": fingerprint,
+                "device_type": dev.type,
+            },
+        )
+
+    end_step = T if max_steps is None else min(T, max_steps)
+    run_start = time.perf_counter()
+    eval_time = 0.0
+    prior_elapsed = history[-1]["elapsed_s"] if history else 0.0
+    for step in range(start_step, end_step):
+        lr = cfg.max_lr if T == 1 else cfg.max_lr + (cfg.min_lr - cfg.max_lr) * step / (T - 1)
+        if m < P:
+            B = pool[torch.randperm(P, generator=gen, device=dev)[:m]]
+        else:
+            B = pool
+        batch = Batch(x.index_select(0, B), q.index_select(0, B), mem_budget=mem_budget)
+        idx = sample_masks(logits.index_select(0, B), G, kb, gen)
+        f, fq, fd = score(batch, idx, cfg.algorithm, cfg.lamb, cfg.term_norm)
+        f = f.float()
+        std = f.std(unbiased=False)
+        if float(std) > 1e-12 * max(1.0, float(f.abs().max())):
+            adv = (f - f.mean()) / (std + 1e-8)
+            logits.index_add_(0, B[idx.reshape(-1)], (adv * (lr / G)).repeat_interleave(kb))
+        done = step + 1
+        if done % every == 0 or done == end_step:
+            elapsed = prior_elapsed + (time.perf_counter() - run_start - eval_time)
+            rate = (done - start_step) / max(1e-9, elapsed - prior_elapsed)
+            rec = {
+                "step": done, "lr": float(lr), "mean_f": float(f.mean()), "best_f": float(f.max()),
+                "mean_f_qua": float(fq.float().mean()), "mean_f_div": float(fd.float().mean()),
+                "elapsed_s": float(elapsed),
+            }
+            history.append(rec)
+            if progress is not None:
+                progress(Progress(n_steps=T, eta_s=(T - done) / rate, **rec))
+        if on_eval is not None and eval_every and (done % eval_every == 0 or done == end_step):
+            t0 = time.perf_counter()
+            el = prior_elapsed + (t0 - run_start - eval_time)
+            sel, _ = readout(logits.cpu().numpy(), k, ids)
+            on_eval(done, np.flatnonzero(sel), el)
+            eval_time += time.perf_counter() - t0
+        if checkpoint_path and checkpoint_every and done % checkpoint_every == 0 and done < end_step:
+            checkpoint(done)
+    steps_done = end_step
+    if checkpoint_path and (checkpoint_every or max_steps is not None) and end_step > start_step:
+        checkpoint(end_step)
+
+    logits_np = logits.cpu().numpy().astype(np.float32)
+    selected, rank = readout(logits_np, k, ids)
+    return LearnResult(
+        selected=selected, logits=logits_np, rank=rank, history=history, steps=steps_done,
+        wall_time_s=time.perf_counter() - t_start, device=str(dev), resumed_from=resumed_from,
+        config_hash=chash, sizes=sz,
+    )
