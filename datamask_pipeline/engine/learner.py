@@ -201,10 +201,13 @@ HISTORY_KEYS = ("step", "lr", "mean_f", "best_f", "mean_f_qua", "mean_f_div", "e
 
 def save_checkpoint(path: str, state: dict) -> None:
     """Atomic: write a temp file beside the target, fsync, rename."""
+    import io
+
     from . import storage
 
-    with storage.atomic_output(path) as fh:
-        torch.save(state, fh)
+    buf = io.BytesIO()  # torch.save needs a seekable file; object-store streams are not
+    torch.save(state, buf)
+    storage.atomic_write_bytes(path, buf.getvalue())
 
 
 def load_checkpoint(path: str) -> dict | None:
@@ -212,10 +215,10 @@ def load_checkpoint(path: str) -> dict | None:
 
     if not storage.exists(path):
         return None
+    import io
+
     fs, p = storage.resolve(path)
     with fs.open_input_stream(p) as fh:
-        import io
-
         buf = io.BytesIO(fh.read())
     # weights_only: tensors, numbers, strings and containers only; no code runs on load.
     return torch.load(buf, map_location="cpu", weights_only=True)
