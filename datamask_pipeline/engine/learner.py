@@ -322,6 +322,15 @@ def learn(
         )
 
     end_step = T if max_steps is None else min(T, max_steps)
+    if cfg.lamb == 1.0:
+        # f = f_qua is modular: quality top-k is its exact maximiser; sampling would only
+        # approximate it. Logits = minus the quality rank (ties by id), exact in float32.
+        pool_np = pool.cpu().numpy()
+        order = np.lexsort((_id_rank(ids, n)[pool_np], -q_np[pool_np]))
+        qrank = np.empty(P, dtype=np.float32)
+        qrank[order] = np.arange(P, dtype=np.float32)
+        logits[pool] = torch.as_tensor(-qrank, device=dev)
+        start_step = end_step = T
     run_start = time.perf_counter()
     eval_time = 0.0
     prior_elapsed = history[-1]["elapsed_s"] if history else 0.0
