@@ -1,0 +1,66 @@
+"""Partitions = shards: every raw parquet file ``<raw>/<key>.parquet`` is one partition of the
+dynamic partitions definition ``shards``. Keys come from file names (``storage.partition_key_for``)
+and are validated: letters, digits, '.', '_' and '-' only, no '..', no leading '.'.
+
+Shards are registered by the ``raw_shard_sensor`` (with the daemon), by
+``python -m datamask_pipeline.register`` (without it), or by :func:`register_shards`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import dagster as dg
+
+from datamask_pipeline.engine import storage
+
+PARTITIONS_NAME = "shards"
+
+shards = dg.DynamicPartitionsDefinition(name=PARTITIONS_NAME)
+
+
+@dataclass
+class RawScan:
+    """What is in the raw location: valid shards by key, and files whose names cannot be
+    partition keys (with the reason)."""
+
+    shards: dict = field(default_factory=dict)  # key -> uri
+    invalid: list = field(default_factory=list)  # (uri, reason)
+
+
+def scan_raw(raw_root) -> RawScan:
+    """List ``*.parquet`` files directly under ``raw_root`` and derive their partition keys."""
+    out = RawScan()
+    for uri in storage.list_files(raw_root, suffix=".parquet"):
+        try:
+            key = storage.partition_key_for(uri)
+        except ValueError as exc:
+            out.invalid.append((uri, str(exc)))
+            continue
+        out.shards[key] = uri
+    return out
+
+
+def file_signature(uri) -> str:
+    """``<size>:<mtime ns>`` of a file: changes when the file is replaced or rewritten."""
+    fs, path = storage.resolve(uri)
+    info = fs.get_file_info(path)
+    mtime = info.mtime_ns if info.mtime_ns is not None else 0
+    return f"{info.size}:{mtime}"
+
+
+def register_shards(instance: dg.DagsterInstance, raw_root) -> dict:
+    """Register every shard under ``raw_root`` that is not yet a partition.
+
+    Returns ``{"added": [keys], "existing": [keys], "invalid": [(uri, reason)]}``; files whose
+    names are not valid keys are reported, never registered."""
+    scan = scan_raw(raw_root)
+    known = set(instance.get_dynamic_partitions(PARTITIONS_NAME))
+    added = [k for k in sorted(scan.shards) if k not in known]
+    if added:
+        instance.add_dynamic_partitions(PARTITIONS_NAME, added)
+    return {
+        "added": added,
+        "existing": sorted(k for k in scan.shards if k in known),
+        "invalid": scan.invalid,
+    }

@@ -1,0 +1,316 @@
+"""Validation: blocking DuckDB checks on the features parquet of a shard.
+
+One multi-check step per partition opens its own in-memory DuckDB database (``":memory:"``
+through ``DuckDBResource``), so parallel partitions never share a DuckDB file. The features
+file is read through a pyarrow dataset registered with the connection, which works for local
+files and object storage alike without DuckDB extensions. Identifiers are quoted; values are
+passed as parameters.
+
+Every check is blocking: when one fails, the run's downstream steps (mask learning, the
+selected subset) do not run, so a bad shard never reaches the GPU. A failing check says which
+partition, file, column and rule, how many rows break it and up to 10 offending ids, in the
+engine's wording (``engine.data.DataContractError``)::
+
+    partition 'shard_007': data/raw/shard_007.parquet: column 'feature_arr': rule 'finite
+    embeddings' broken by 2 rows; ids: [17, 301]; checked in data/features/shard_007.parquet
+"""
+
+
+import dagster as dg
+from dagster_duckdb import DuckDBResource
+
+from datamask_pipeline.engine import storage
+from datamask_pipeline.engine.data import (
+    MAX_IDS,
+    RULE_EMB_EMPTY,
+    RULE_EMB_FINITE,
+    RULE_EMB_NULL,
+    RULE_EMB_RAGGED,
+    RULE_EMB_ZERO,
+    RULE_ID_NULL,
+    RULE_ID_UNIQUE,
+    RULE_Q_FINITE,
+    RULE_Q_NULL,
+    RULE_ROWS,
+    DataContractError,
+    rule_expected_dim,
+    rule_quality_range,
+)
+from resources.contract import DataContract
+from resources.storage import DataRoot
+
+from .ingest import EMBEDDING, ID, QUALITY, features
+
+TABLE = "features"
+RULE_SCHEMA = "canonical features schema"
+EXPECTED_TYPES = {ID: ("BIGINT", "VARCHAR"), QUALITY: ("DOUBLE",), EMBEDDING: ("FLOAT[]",)}
+
+CHECKS = {
+    "schema": "The features parquet has exactly the canonical columns: id (BIGINT or VARCHAR), "
+              "quality (DOUBLE), embedding (FLOAT[]).",
+    "non_empty": "The shard has at least one row.",
+    "unique_ids": "Every id is non-null and occurs once.",
+    "finite_quality": "Every quality score is non-null and finite, and within the declared "
+                      "range (DataContract.quality_min / quality_max) when one is configured.",
+    "embedding_dim": "Every embedding has the same, non-zero length, equal to the configured "
+                     "dimension (DataContract.expected_dim) when one is configured.",
+    "finite_nonzero_embeddings": "No embedding is null, contains NaN/Inf/null values, or is "
+                                 "all zeros.",
+}
+
+
+def q(name: str) -> str:
+    """A quoted SQL identifier."""
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+T, I, Q, E = q(TABLE), q(ID), q(QUALITY), q(EMBEDDING)
+# Row numbers in file order (DuckDB preserves insertion order for a single scan).
+NUMBERED = f"(SELECT row_number() OVER () - 1 AS rn, * FROM {T})"
+
+
+class _Context:
+    """What a rule needs to describe a failure in the engine's words."""
+
+    def __init__(self, key, raw_uri, features_uri, contract: DataContract):
+        self.key = key
+        self.raw_uri = str(raw_uri)
+        self.features_uri = str(features_uri)
+        self.contract = contract
+        self.raw_col = {ID: contract.id_column, QUALITY: " + ".join(contract.quality_columns),
+                        EMBEDDING: contract.embedding_column}
+
+    def message(self, rule, column=None, ids=None, count=None, unit="rows", detail=None, rows=None):
+        extra = f"checked in {self.features_uri}"
+        detail = f"{detail}; {extra}" if detail else extra
+        err = DataContractError(self.raw_uri, rule, column=self.raw_col.get(column, column),
+                                ids=ids, count=count, unit=unit, detail=detail, rows=rows)
+        return f"partition {self.key!r}: {err}"
+
+
+def _offenders(con, where: str, params=()) -> tuple[int, list, list]:
+    """(count, first ids, first row numbers) of rows matching ``where``."""
+    count = con.execute(f"SELECT count(*) FROM {T} WHERE {where}", list(params)).fetchall()[0][0]
+    if not count:
+        return 0, [], []
+    rows = con.execute(
+        f"SELECT rn, {I} FROM {NUMBERED} WHERE {where} ORDER BY rn LIMIT ?", [*params, MAX_IDS]
+    ).fetchall()
+    return int(count), [r[1] for r in rows if r[1] is not None], [int(r[0]) for r in rows]
+
+
+def check_schema(con, ctx: _Context) -> list:
+    cols = con.execute(f"DESCRIBE SELECT * FROM {T}").fetchall()
+    found = {c[0]: c[1] for c in cols}
+    problems = []
+    for name, types in EXPECTED_TYPES.items():
+        if name not in found:
+            problems.append(f"column {name!r} missing")
+        elif found[name] not in types:
+            problems.append(f"column {name!r} is {found[name]}, expected {' or '.join(types)}")
+    extra = sorted(set(found) - set(EXPECTED_TYPES))
+    if extra:
+        problems.append(f"unexpected columns {extra}")
+    if problems:
+        return [(RULE_SCHEMA, ctx.message(RULE_SCHEMA, detail="; ".join(problems)), 0, [])]
+    return []
+
+
+def check_non_empty(con, ctx: _Context) -> list:
+    n = con.execute(f"SELECT count(*) FROM {T}").fetchall()[0][0]
+    if n == 0:
+        return [(RULE_ROWS, ctx.message(RULE_ROWS, detail="the shard has no rows"), 0, [])]
+    return []
+
+
+def check_unique_ids(con, ctx: _Context) -> list:
+    out = []
+    count, _ids, rows = _offenders(con, f"{I} IS NULL")
+    if count:
+        out.append((RULE_ID_NULL, ctx.message(RULE_ID_NULL, ID, count=count, rows=rows), count, []))
+    dup_rows, dup_ids = con.execute(
+        f"SELECT coalesce(sum(c - 1), 0), count(*) FROM "
+        f"(SELECT count(*) AS c FROM {T} WHERE {I} IS NOT NULL GROUP BY {I} HAVING count(*) > 1)"
+    ).fetchall()[0]
+    if dup_ids:
+        ids = [r[0] for r in con.execute(
+            f"SELECT {I} FROM {NUMBERED} WHERE {I} IS NOT NULL GROUP BY {I} "
+            f"HAVING count(*) > 1 ORDER BY min(rn) LIMIT ?", [MAX_IDS]).fetchall()]
+        msg = ctx.message(RULE_ID_UNIQUE, ID, ids=ids, count=int(dup_rows),
+                          detail=f"{dup_ids} distinct ids occur more than once")
+        out.append((RULE_ID_UNIQUE, msg, int(dup_rows), ids))
+    return out
+
+
+def check_finite_quality(con, ctx: _Context) -> list:
+    out = []
+    count, ids, rows = _offenders(con, f"{Q} IS NULL")
+    if count:
+        out.append((RULE_Q_NULL, ctx.message(RULE_Q_NULL, QUALITY, ids=ids, count=count,
+                                             rows=None if ids else rows), count, ids))
+    count, ids, rows = _offenders(con, f"{Q} IS NOT NULL AND NOT isfinite({Q})")
+    if count:
+        out.append((RULE_Q_FINITE, ctx.message(RULE_Q_FINITE, QUALITY, ids=ids, count=count,
+                                               rows=None if ids else rows), count, ids))
+    lo, hi = ctx.contract.quality_min, ctx.contract.quality_max
+    if lo is not None or hi is not None:
+        conds, params = [], []
+        if lo is not None:
+            conds.append(f"{Q} < ?")
+            params.append(float(lo))
+        if hi is not None:
+            conds.append(f"{Q} > ?")
+            params.append(float(hi))
+        where = f"isfinite({Q}) AND ({' OR '.join(conds)})"
+        count, ids, rows = _offenders(con, where, params)
+        if count:
+            qmin, qmax = con.execute(f"SELECT min({Q}), max({Q}) FROM {T} WHERE isfinite({Q})").fetchall()[0]
+            rule = rule_quality_range(lo, hi)
+            out.append((rule, ctx.message(rule, QUALITY, ids=ids, count=count,
+                                          rows=None if ids else rows,
+                                          detail=f"found min {qmin:.6g}, max {qmax:.6g}"), count, ids))
+    return out
+
+
+def check_embedding_dim(con, ctx: _Context) -> list:
+    out = []
+    lengths = con.execute(
+        f"SELECT len({E}) AS d, count(*) AS c FROM {T} WHERE {E} IS NOT NULL "
+        f"GROUP BY d ORDER BY c DESC, d"
+    ).fetchall()
+    if not lengths:
+        return out
+    expected = ctx.contract.expected_dim
+    if expected is not None:
+        expected = int(expected)
+        count, ids, rows = _offenders(con, f"{E} IS NOT NULL AND len({E}) <> ?", [expected])
+        if count:
+            found = sorted({d for d, _ in lengths if d != expected})[:MAX_IDS]
+            rule = rule_expected_dim(expected)
+            out.append((rule, ctx.message(rule, EMBEDDING, ids=ids, count=count,
+                                          rows=None if ids else rows,
+                                          detail=f"found length(s) {found}"), count, ids))
+            return out
+    d = int(lengths[0][0])
+    if len(lengths) > 1:
+        count, ids, rows = _offenders(con, f"{E} IS NOT NULL AND len({E}) <> ?", [d])
+        others = sorted(x for x, _ in lengths[1:])[:MAX_IDS]
+        out.append((RULE_EMB_RAGGED, ctx.message(
+            RULE_EMB_RAGGED, EMBEDDING, ids=ids, count=count, rows=None if ids else rows,
+            detail=f"most rows have length {d}; others have {others}"), count, ids))
+    count, ids, rows = _offenders(con, f"{E} IS NOT NULL AND len({E}) = 0")
+    if count:
+        out.append((RULE_EMB_EMPTY, ctx.message(RULE_EMB_EMPTY, EMBEDDING, ids=ids, count=count,
+                                                rows=None if ids else rows), count, ids))
+    return out
+
+
+def check_embedding_values(con, ctx: _Context) -> list:
+    out = []
+    count, ids, rows = _offenders(con, f"{E} IS NULL")
+    if count:
+        out.append((RULE_EMB_NULL, ctx.message(RULE_EMB_NULL, EMBEDDING, ids=ids, count=count,
+                                               rows=None if ids else rows), count, ids))
+    # A null element counts as non-finite, as in the engine.
+    nonfinite = (f"{E} IS NOT NULL AND "
+                 f"list_bool_or(list_transform({E}, lambda v: coalesce(NOT isfinite(v), true)))")
+    count, ids, rows = _offenders(con, nonfinite)
+    if count:
+        out.append((RULE_EMB_FINITE, ctx.message(
+            RULE_EMB_FINITE, EMBEDDING, ids=ids, count=count, rows=None if ids else rows,
+            detail="NaN, Inf, null or float32 overflow inside the vector"), count, ids))
+    zero = (f"{E} IS NOT NULL AND len({E}) > 0 AND "
+            f"list_bool_and(list_transform({E}, lambda v: coalesce(v = 0, false)))")
+    count, ids, rows = _offenders(con, zero)
+    if count:
+        out.append((RULE_EMB_ZERO, ctx.message(RULE_EMB_ZERO, EMBEDDING, ids=ids, count=count,
+                                               rows=None if ids else rows), count, ids))
+    return out
+
+
+RUNNERS = {
+    "schema": check_schema,
+    "non_empty": check_non_empty,
+    "unique_ids": check_unique_ids,
+    "finite_quality": check_finite_quality,
+    "embedding_dim": check_embedding_dim,
+    "finite_nonzero_embeddings": check_embedding_values,
+}
+
+
+def run_checks(con, ctx: _Context) -> dict:
+    """Run every rule on a connection where the features table is registered.
+    Returns ``{check name: [(rule, message, count, ids), ...]}`` (empty list = passed)."""
+    results = {"schema": RUNNERS["schema"](con, ctx)}
+    for name, fn in RUNNERS.items():
+        if name == "schema":
+            continue
+        if results["schema"]:
+            results[name] = None  # not evaluated
+        else:
+            results[name] = fn(con, ctx)
+    return results
+
+
+def _result(name: str, failures, ctx: _Context, n_rows) -> dg.AssetCheckResult:
+    meta = {"partition": ctx.key, "features_uri": dg.MetadataValue.path(ctx.features_uri)}
+    if n_rows is not None:
+        meta["rows_checked"] = int(n_rows)
+    if failures is None:
+        return dg.AssetCheckResult(
+            check_name=name, asset_key=features.key, passed=False,
+            description=f"partition {ctx.key!r}: not evaluated because the schema check failed",
+            metadata=meta,
+        )
+    if not failures:
+        return dg.AssetCheckResult(check_name=name, asset_key=features.key, passed=True, metadata=meta)
+    meta["rules_broken"] = dg.MetadataValue.json([f[0] for f in failures])
+    meta["offending_rows"] = sum(int(f[2]) for f in failures)
+    meta["offending_ids"] = dg.MetadataValue.json([i for f in failures for i in f[3]][:MAX_IDS])
+    return dg.AssetCheckResult(
+        check_name=name, asset_key=features.key, passed=False,
+        description="\n".join(f[1] for f in failures), metadata=meta,
+    )
+
+
+@dg.multi_asset_check(
+    specs=[dg.AssetCheckSpec(name, asset=features, blocking=True, description=desc)
+           for name, desc in CHECKS.items()],
+    name="validate_features",
+)
+def validate_features(context: dg.AssetCheckExecutionContext, data_root: DataRoot,
+                      contract: DataContract, duckdb: DuckDBResource):
+    """DuckDB SQL checks of one shard's features parquet (see the module doc)."""
+    import pyarrow.dataset as ds
+
+    if duckdb.database != ":memory:":
+        raise dg.Failure(
+            description=f"the validation DuckDB must be in memory (':memory:'), got "
+                        f"{duckdb.database!r}: partitions validated in parallel would fight over one file",
+            allow_retries=False,
+        )
+    key = context.partition_key
+    uri = data_root.features(key)
+    ctx = _Context(key, data_root.raw_shard(key), uri, contract)
+    fs, path = storage.resolve(uri)
+    try:
+        dataset = ds.dataset(path, filesystem=fs, format="parquet")
+    except (OSError, ValueError) as exc:
+        msg = f"partition {key!r}: features file {uri} cannot be read ({exc}): materialize features first"
+        for name in CHECKS:
+            yield dg.AssetCheckResult(check_name=name, asset_key=features.key, passed=False,
+                                      description=msg, metadata={"partition": key})
+        return
+    with duckdb.get_connection() as con:
+        con.register(TABLE, dataset)
+        results = run_checks(con, ctx)
+        n_rows = con.execute(f"SELECT count(*) FROM {T}").fetchall()[0][0]
+    failed = []
+    for name in CHECKS:
+        res = _result(name, results[name], ctx, n_rows)
+        if not res.passed:
+            failed.append(name)
+            context.log.error(f"check {name} failed: {res.description}")
+        yield res
+    if not failed:
+        context.log.info(f"partition {key}: all {len(CHECKS)} checks passed on {n_rows} rows")

@@ -1,0 +1,42 @@
+"""The Dagster definitions of DATAMASK: ``defs`` is the single entry point (pyproject's
+[tool.dagster], workspace.yaml, ``dagster ... -m datamask_pipeline.definitions``).
+
+Resources are built from the environment (see :mod:`datamask_pipeline.settings`). torch is
+not imported here; the mask step imports it when it runs.
+"""
+
+import dagster as dg
+from dagster_duckdb import DuckDBResource
+
+from assets.ingest import features, raw_shard
+from assets.learn import mask
+from assets.report import corpus_summary
+from assets.select import selected_subset
+from assets.validate import validate_features
+from resources.contract import DataContract
+from resources.learner import MaskLearner
+from resources.storage import DataRoot
+
+from .jobs import corpus_summary_job, datamask_job
+from .schedules import refresh_stale_shards
+from .sensors import raw_shard_sensor
+
+
+def resources_from_env() -> dict:
+    return {
+        "data_root": DataRoot.from_env(),
+        "contract": DataContract.from_env(),
+        "learner": MaskLearner.from_env(),
+        # In memory: every check step opens its own database, nothing is shared on disk.
+        "duckdb": DuckDBResource(database=":memory:"),
+    }
+
+
+defs = dg.Definitions(
+    assets=[raw_shard, features, mask, selected_subset, corpus_summary],
+    asset_checks=[validate_features],
+    jobs=[datamask_job, corpus_summary_job],
+    sensors=[raw_shard_sensor],
+    schedules=[refresh_stale_shards],
+    resources=resources_from_env(),
+)

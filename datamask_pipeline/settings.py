@@ -1,0 +1,138 @@
+"""Where things live by default, and the environment variables that move them.
+
+Every default is a local path under the repository, so a newcomer needs no configuration:
+
+==========================  ==============================================================
+``DATAMASK_DATA_ROOT``      data root (path or URI); default ``<repo>/data``
+``DATAMASK_RAW_ROOT``       raw shards (``*.parquet``, one partition each); default
+                            ``<data root>/raw``
+``DAGSTER_HOME``            Dagster instance directory; default ``<repo>/.dagster_home``
+                            (our commands create it and copy ``dagster.yaml`` into it)
+``DATAMASK_PRESET``         default method knobs: ``paper`` (default, the paper's GPU
+                            settings) or ``cpu-demo`` (engine.config.CPU_DEMO_PRESET)
+``DATAMASK_DEVICE``         ``auto`` (default), ``cpu`` or ``cuda:N``
+``DATAMASK_PRECISION``      ``fp32`` (default), ``tf32`` or ``bf16``
+``DATAMASK_EMBEDDING_DIM``  required embedding dimension (unset: any, but one per shard)
+``DATAMASK_QUALITY_MIN``    declared quality range, either end optional
+``DATAMASK_QUALITY_MAX``
+``DATAMASK_ID_COLUMN``      raw column names (defaults: chunk_id, quality_score,
+``DATAMASK_QUALITY_COLUMNS``  feature_arr; quality columns comma-separated, summed, with
+``DATAMASK_QUALITY_WEIGHTS``  optional comma-separated weights)
+``DATAMASK_EMBEDDING_COLUMN``
+``DATAMASK_SCHEDULE_CRON``  cron of the refresh schedule; default ``0 3 * * *`` (daily)
+``DATAMASK_SENSOR_INTERVAL_S``  seconds between raw-shard sensor evaluations (default 30)
+==========================  ==============================================================
+
+Dagster-free and cheap to import.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+ENV_DATA_ROOT = "DATAMASK_DATA_ROOT"
+ENV_RAW_ROOT = "DATAMASK_RAW_ROOT"
+ENV_PRESET = "DATAMASK_PRESET"
+ENV_DEVICE = "DATAMASK_DEVICE"
+ENV_PRECISION = "DATAMASK_PRECISION"
+ENV_EMBEDDING_DIM = "DATAMASK_EMBEDDING_DIM"
+ENV_QUALITY_MIN = "DATAMASK_QUALITY_MIN"
+ENV_QUALITY_MAX = "DATAMASK_QUALITY_MAX"
+ENV_ID_COLUMN = "DATAMASK_ID_COLUMN"
+ENV_QUALITY_COLUMNS = "DATAMASK_QUALITY_COLUMNS"
+ENV_QUALITY_WEIGHTS = "DATAMASK_QUALITY_WEIGHTS"
+ENV_EMBEDDING_COLUMN = "DATAMASK_EMBEDDING_COLUMN"
+ENV_SCHEDULE_CRON = "DATAMASK_SCHEDULE_CRON"
+ENV_SENSOR_INTERVAL = "DATAMASK_SENSOR_INTERVAL_S"
+
+PRESETS = ("paper", "cpu-demo")
+DEFAULT_CRON = "0 3 * * *"
+
+
+def repo_root() -> Path:
+    """The checkout this package lives in (the directory holding ``pyproject.toml``); the
+    current directory when the package is installed elsewhere."""
+    here = Path(__file__).resolve().parent.parent
+    if (here / "pyproject.toml").is_file():
+        return here
+    return Path.cwd()
+
+
+def data_root() -> str:
+    return os.environ.get(ENV_DATA_ROOT) or str(repo_root() / "data")
+
+
+def raw_root(root: str | None = None) -> str:
+    env = os.environ.get(ENV_RAW_ROOT)
+    if env:
+        return env
+    from .engine import storage
+
+    return storage.join(root or data_root(), "raw")
+
+
+def dagster_home() -> str:
+    return os.environ.get("DAGSTER_HOME") or str(repo_root() / ".dagster_home")
+
+
+def ensure_dagster_home() -> str:
+    """Set ``DAGSTER_HOME`` (default ``<repo>/.dagster_home``), create the directory and copy
+    the repository's ``dagster.yaml`` template into it when it has none. Returns the path."""
+    home = os.path.abspath(dagster_home())
+    os.environ["DAGSTER_HOME"] = home
+    os.makedirs(home, exist_ok=True)
+    target = os.path.join(home, "dagster.yaml")
+    template = repo_root() / "dagster.yaml"
+    if not os.path.exists(target) and template.is_file() and template.resolve() != Path(target).resolve():
+        shutil.copyfile(template, target)
+    return home
+
+
+def env_int(name: str) -> int | None:
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={v!r}: expected an integer") from None
+
+
+def env_float(name: str) -> float | None:
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={v!r}: expected a number") from None
+
+
+def env_list(name: str) -> list[str] | None:
+    v = os.environ.get(name, "").strip()
+    if not v:
+        return None
+    return [p.strip() for p in v.split(",") if p.strip()]
+
+
+def preset() -> str:
+    p = (os.environ.get(ENV_PRESET) or "paper").strip().lower()
+    if p not in PRESETS:
+        raise ValueError(f"environment variable {ENV_PRESET}={p!r}: choose one of {PRESETS}")
+    return p
+
+
+def learner_defaults(preset_name: str | None = None) -> dict:
+    """The method knobs' defaults: LearnerConfig's (the paper's GPU settings), with
+    ``CPU_DEMO_PRESET`` applied for the ``cpu-demo`` preset."""
+    from .engine.config import CPU_DEMO_PRESET, LearnerConfig
+
+    name = preset_name or preset()
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: choose one of {PRESETS}")
+    d = LearnerConfig().to_dict()
+    if name == "cpu-demo":
+        d.update(CPU_DEMO_PRESET)
+    return d

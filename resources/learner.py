@@ -1,0 +1,146 @@
+"""The mask learner: runs the engine's ``learn()`` on a device, at a precision, with
+checkpoints and progress reporting. torch is imported inside the methods, so loading the
+definitions does not pay for it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import Callable, Optional
+
+import dagster as dg
+from pydantic import Field
+
+from datamask_pipeline import settings
+from datamask_pipeline.engine import storage
+
+PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+class MaskLearner(dg.ConfigurableResource):
+    """Owns the device (auto / cpu / cuda:N), the precision, the checkpoint location and
+    cadence, and how progress is reported while the learner runs."""
+
+    device: str = Field(
+        default="auto",
+        description="auto (CUDA when present, else CPU), cpu, or cuda:N. Env DATAMASK_DEVICE.",
+    )
+    precision: str = Field(
+        default="fp32",
+        description="fp32; tf32 (fp32 storage, TF32 matmuls on Ampere+ GPUs); bf16 (bfloat16 "
+        "embeddings: half the memory). Env DATAMASK_PRECISION.",
+    )
+    checkpoint_every: int = Field(
+        default=100,
+        description="Save logits, RNG state and history every this many steps (0: never); a "
+        "retried step resumes from the last checkpoint of the same config and data.",
+    )
+    checkpoint_dir: Optional[str] = Field(
+        default=None,
+        description="Where checkpoints are kept (path or URI). Default: <data root>/checkpoints.",
+    )
+    progress_every: int = Field(
+        default=0,
+        description="Record the objective curve every this many steps (0: n_epochs / 100).",
+    )
+    log_interval_s: float = Field(
+        default=10.0,
+        description="Seconds between progress lines in the run log (first and last step are "
+        "always logged).",
+    )
+
+    @classmethod
+    def from_env(cls) -> "MaskLearner":
+        return cls(
+            device=os.environ.get(settings.ENV_DEVICE) or "auto",
+            precision=os.environ.get(settings.ENV_PRECISION) or "fp32",
+        )
+
+    # ------------------------------------------------------------------ pieces
+    def torch_device(self):
+        from datamask_pipeline.engine.learner import resolve_device
+
+        return resolve_device(self.device)
+
+    def dtype(self):
+        import torch
+
+        p = self.precision.strip().lower()
+        if p not in PRECISIONS:
+            from datamask_pipeline.engine.config import ConfigError
+
+            raise ConfigError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        return torch.bfloat16 if p == "bf16" else torch.float32
+
+    def checkpoint_path(self, key: str, default: str) -> str:
+        """``<checkpoint_dir>/<key>.pt`` when a directory is configured, else ``default``."""
+        if not self.checkpoint_dir:
+            return default
+        key = storage.validate_partition_key(key)
+        return storage.safe_child(self.checkpoint_dir, f"{key}.pt", allow_subdirs=False)
+
+    @contextlib.contextmanager
+    def _precision_mode(self, device):
+        import torch
+
+        if self.precision.strip().lower() != "tf32" or device.type != "cuda":
+            yield
+            return
+        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+    def estimate(self, n: int, d: int, cfg) -> dict:
+        """The engine's pre-flight memory estimate on this device and precision (raises
+        ConfigError when the run cannot fit)."""
+        import torch
+
+        from datamask_pipeline.engine.learner import estimate_memory
+
+        dtype = self.dtype()
+        return estimate_memory(n, d, cfg, self.torch_device(), itemsize=torch.finfo(dtype).bits // 8)
+
+    def learn(self, x, q, cfg, *, ids=None, checkpoint_path: str | None = None,
+              log: Callable[[str], None] | None = None):
+        """Run ``engine.learner.learn`` and return its LearnResult. Progress lines go to
+        ``log`` at most every ``log_interval_s`` seconds (plus the first and the last)."""
+        from datamask_pipeline.engine.learner import learn
+
+        device = self.torch_device()
+        dtype = self.dtype()
+        reporter = ProgressLog(log, self.log_interval_s) if log is not None else None
+        with self._precision_mode(device):
+            return learn(
+                x, q, cfg, ids=ids, device=device, dtype=dtype,
+                checkpoint_path=checkpoint_path,
+                checkpoint_every=self.checkpoint_every if checkpoint_path else 0,
+                progress=reporter, progress_every=self.progress_every or None,
+            )
+
+
+class ProgressLog:
+    """Turns the engine's Progress records into log lines at a steady time cadence."""
+
+    def __init__(self, log: Callable[[str], None], interval_s: float):
+        self.log = log
+        self.interval_s = max(0.0, float(interval_s))
+        self._last = None
+
+    def __call__(self, p) -> None:
+        now = time.monotonic()
+        first = self._last is None
+        last = p.step >= p.n_steps
+        if not (first or last or now - self._last >= self.interval_s):
+            return
+        self._last = now
+        pct = 100.0 * p.step / max(1, p.n_steps)
+        self.log(
+            f"step {p.step}/{p.n_steps} ({pct:.0f}%) lr={p.lr:.3g} mean_f={p.mean_f:.6g} "
+            f"best_f={p.best_f:.6g} f_qua={p.mean_f_qua:.5g} f_div={p.mean_f_div:.5g} "
+            f"elapsed={p.elapsed_s:.1f}s eta={p.eta_s:.1f}s"
+        )

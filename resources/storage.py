@@ -1,0 +1,79 @@
+"""The data root: where raw shards are read and every per-partition output is written.
+
+Layout under the data root (a local path or a URI such as ``s3://bucket/datamask``)::
+
+    raw/<key>.parquet              raw shards (another location via ``raw``)
+    features/<key>.parquet         canonical id / quality / embedding (ingestion)
+    masks/<key>.parquet            per-sample id / logit / rank / selected (mask learning)
+    selected/<key>.parquet         the selected raw rows, every raw column (selected subset)
+    reports/<key>/                 the shard report (HTML + PNG + metrics JSON)
+    checkpoints/<key>.pt           the learner's checkpoint while a run is in flight
+    catalog.duckdb                 the corpus catalog (corpus summary)
+
+Every derived path goes through ``storage.safe_child`` after the partition key was validated,
+so a key can never name a file outside the root.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field
+
+from datamask_pipeline import settings
+from datamask_pipeline.engine import storage
+
+
+class DataRoot(dg.ConfigurableResource):
+    """Owns the data root URI, the raw location and the derived per-partition paths."""
+
+    root: str = Field(
+        default_factory=settings.data_root,
+        description="Data root: a local path or URI (s3://, gs://, file://). Default: env "
+        "DATAMASK_DATA_ROOT, else <repo>/data.",
+    )
+    raw: Optional[str] = Field(
+        default=None,
+        description="Where raw shards (*.parquet, one partition each) are read. Default: env "
+        "DATAMASK_RAW_ROOT, else <root>/raw.",
+    )
+
+    @classmethod
+    def from_env(cls) -> "DataRoot":
+        import os
+
+        return cls(root=settings.data_root(), raw=os.environ.get(settings.ENV_RAW_ROOT) or None)
+
+    # ------------------------------------------------------------------ locations
+    @property
+    def raw_root(self) -> str:
+        return self.raw or storage.join(self.root, "raw")
+
+    def _child(self, *parts: str) -> str:
+        return storage.safe_child(self.root, "/".join(parts))
+
+    @staticmethod
+    def _key(key: str) -> str:
+        return storage.validate_partition_key(key)
+
+    def raw_shard(self, key: str) -> str:
+        return storage.safe_child(self.raw_root, f"{self._key(key)}.parquet", allow_subdirs=False)
+
+    def features(self, key: str) -> str:
+        return self._child("features", f"{self._key(key)}.parquet")
+
+    def mask(self, key: str) -> str:
+        return self._child("masks", f"{self._key(key)}.parquet")
+
+    def selected(self, key: str) -> str:
+        return self._child("selected", f"{self._key(key)}.parquet")
+
+    def report_dir(self, key: str) -> str:
+        return self._child("reports", self._key(key))
+
+    def checkpoint(self, key: str) -> str:
+        return self._child("checkpoints", f"{self._key(key)}.pt")
+
+    def catalog(self) -> str:
+        return self._child("catalog.duckdb")
