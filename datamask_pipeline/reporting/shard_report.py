@@ -1,0 +1,899 @@
+"""Per-shard selection report (issue 6, item 1).
+
+:func:`build_shard_report` turns one shard's selection into
+
+* ``figures``: PNG bytes by name: ``curve`` (optimisation curve), ``quality`` (quality
+  distribution), ``projection`` (2-D PCA), ``spectrum`` (correlation eigen-spectrum) and, when
+  sources are given, ``sources`` (retention per source);
+* ``html``: one self-contained page (inline CSS, figures as ``data:image/png;base64`` URIs, no
+  external assets, no scripts);
+* ``metrics``: a flat ``{name: float}`` dict for Dagster metadata (plots over partitions);
+* ``markdown``: a table of the key numbers (``dg.MetadataValue.md``).
+
+All whole-shard objective numbers come from :func:`engine.evaluate.evaluate_selection` (V = all
+n rows), so they agree with every other place that scores a selection. The learner's history
+is batch-level (each step scores masks of k' rows against its batch of m rows), so the curve
+labels it as such and draws the whole-shard levels of the final subsets as horizontal lines
+and a star, never as if they were on the same footing.
+
+Definitions used below:
+
+* **spectrum**: eigenvalues of the d x d correlation matrix C = Z^T Z / (k - 1) of a subset,
+  Z = the subset's embeddings z-scored per dimension (unbiased variance, 1e-8 floor: the same
+  standardisation as the DiSF term), sorted descending and divided by their sum.
+* **spectral flatness**: exp(H(p)) / d, with p the normalised eigenvalues and H the Shannon
+  entropy (natural log) -- the *effective rank* of C divided by d. It is 1 for a perfectly flat
+  (whitened) spectrum and 1/d when all variance lies in one direction (dimensional collapse).
+  A subset of k rows has rank <= k - 1, so compare flatness at equal k (selected vs top-k).
+* **projection**: PCA of the unit-normalised embeddings (what the cosine terms see) fitted on
+  a deterministic uniform subsample of at most 5,000 rows; eigen-decomposition of their
+  covariance in float64, signs fixed so the largest loading of each axis is positive.
+"""
+
+from __future__ import annotations
+
+import base64
+import html as _html
+import io
+import json
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = [
+    "ShardReport",
+    "build_shard_report",
+    "write_shard_report",
+    "correlation_spectrum",
+    "spectral_flatness",
+    "pca_2d",
+    "source_retention",
+    "fold_sources",
+]
+
+COLORS = {
+    "datamask": "#1f5fbf",
+    "datamask_light": "#8fb3e8",
+    "topk": "#e67e00",
+    "random": "#6b6b6b",
+    "greedy": "#1e9e4a",
+    "both": "#8e3fb5",
+    "neither": "#c9c9c9",
+    "shard": "#b0b0b0",
+}
+LABELS = {
+    "datamask": "DATAMASK",
+    "topk": "quality top-k",
+    "random": "random",
+    "greedy": "greedy",
+}
+PROJECTION_MAX_POINTS = 5000
+SPECTRUM_MAX_ROWS = 20000
+MAX_SOURCES_SHOWN = 15  # figure bars, markdown rows, per-source metrics
+MAX_SOURCES_IN_TABLE = 60  # rows of the HTML table
+_DPI = 110
+_REF_ALIASES = {
+    "topk": ("quality_topk", "topk", "top_k", "quality", "quality-topk"),
+    "random": ("random",),
+    "greedy": ("greedy",),
+    "datamask": ("datamask", "selected"),
+}
+
+
+@dataclass
+class ShardReport:
+    """A rendered shard report: see the module doc string for the parts."""
+
+    title: str
+    html: str
+    figures: dict = field(default_factory=dict)  # name -> PNG bytes
+    metrics: dict = field(default_factory=dict)  # name -> float
+    markdown: str = ""
+
+
+# ================================================================== small helpers
+def _as_numpy(a, dtype=None) -> np.ndarray:
+    try:
+        import torch
+
+        if torch.is_tensor(a):
+            a = a.detach().cpu().numpy()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    if hasattr(a, "to_numpy") and not isinstance(a, np.ndarray):  # pyarrow / pandas
+        try:
+            a = a.to_numpy(zero_copy_only=False)
+        except TypeError:
+            a = a.to_numpy()
+    out = np.asarray(a)
+    return out.astype(dtype, copy=False) if dtype is not None else out
+
+
+def as_mask(selection, n: int) -> np.ndarray:
+    """A selection given as a bool mask (n,) or as indices -> bool mask (n,)."""
+    s = _as_numpy(selection)
+    if s.dtype == bool:
+        if s.shape != (n,):
+            raise ValueError(f"selection mask has shape {s.shape}, expected ({n},)")
+        return s.copy()
+    idx = s.astype(np.int64).ravel()
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise ValueError(f"selection indices out of range [0, {n})")
+    if np.unique(idx).size != idx.size:
+        raise ValueError("selection indices contain duplicates")
+    m = np.zeros(n, dtype=bool)
+    m[idx] = True
+    return m
+
+
+def _term_value(entry, key: str, algorithm: str) -> float:
+    """``entry[key]`` as a float; evaluate_selection nests per-term values in dicts."""
+    v = entry[key]
+    if isinstance(v, dict):
+        if algorithm in v:
+            v = v[algorithm]
+        else:
+            low = {str(kk).lower(): vv for kk, vv in v.items()}
+            if algorithm.lower() in low:
+                v = low[algorithm.lower()]
+            elif len(v) == 1:
+                v = next(iter(v.values()))
+            else:
+                raise KeyError(f"{key} has no value for term {algorithm!r}: {sorted(v)}")
+    return float(v)
+
+
+def scores_of(entry, algorithm: str) -> dict:
+    """{"f", "f_qua", "f_div"} floats from an evaluate_selection dict (or a flat dict)."""
+    return {kk: _term_value(entry, kk, algorithm) for kk in ("f", "f_qua", "f_div")}
+
+
+def _find_ref(reference: dict, name: str):
+    for key in _REF_ALIASES[name]:
+        if key in reference and reference[key] is not None:
+            return reference[key]
+    return None
+
+
+def _fmt(v, digits: int = 5) -> str:
+    if v is None:
+        return "–"
+    try:
+        fv = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if math.isnan(fv):
+        return "–"
+    if fv != 0 and (abs(fv) >= 1e5 or abs(fv) < 1e-3):
+        return f"{fv:.{digits - 1}e}"
+    return f"{fv:.{digits}g}"
+
+
+def _pct(v) -> str:
+    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
+
+
+def _metric_key(text) -> str:
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("_")
+    return s or "_"
+
+
+# ================================================================== matplotlib
+def _new_figure(w: float, h: float):
+    """A figure on an Agg canvas; no pyplot, so no global backend state is touched."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), dpi=_DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": None})
+    return buf.getvalue()
+
+
+def _style(ax) -> None:
+    ax.grid(True, alpha=0.3, linewidth=0.6)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    ax.tick_params(labelsize=9)
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+# ================================================================== numerics
+def correlation_spectrum(x, max_rows: int = SPECTRUM_MAX_ROWS, seed: int = 0, device="cpu") -> np.ndarray:
+    """Normalised eigenvalues (descending, sum 1, length d) of the correlation matrix of the
+    rows ``x`` (k, d); see the module doc string. At most ``max_rows`` rows are used (a
+    deterministic uniform subsample when there are more)."""
+    import torch
+
+    xt = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
+    if xt.ndim != 2:
+        raise ValueError(f"x must be (k, d), got {tuple(xt.shape)}")
+    k, d = xt.shape
+    if k < 2:
+        raise ValueError("a spectrum needs at least 2 rows")
+    if max_rows and k > max_rows:
+        rng = np.random.default_rng(seed)
+        rows = torch.as_tensor(np.sort(rng.choice(k, size=max_rows, replace=False)))
+        xt = xt.index_select(0, rows.to(xt.device))
+        k = max_rows
+    xt = xt.to(device=device, dtype=torch.float64)
+    xc = xt - xt.mean(dim=0, keepdim=True)
+    std = (xc.pow(2).sum(dim=0) / (k - 1)).sqrt().clamp(min=1e-8)
+    z = xc / std
+    if k <= d:  # Gram: same non-zero eigenvalues, cheaper
+        ev = torch.linalg.eigvalsh(z @ z.T / (k - 1))
+        ev = torch.cat([ev.new_zeros(d - k), ev])  # ascending, like eigvalsh's output
+    else:
+        ev = torch.linalg.eigvalsh(z.T @ z / (k - 1))
+    ev = ev.clamp(min=0).flip(0).cpu().numpy()
+    tot = ev.sum()
+    if tot <= 0:
+        out = np.zeros(d)
+        out[0] = 1.0
+        return out
+    return ev / tot
+
+
+def spectral_flatness(eigs) -> float:
+    """exp(spectral entropy) / d = effective rank / d, in [1/d, 1] (1 = flat, 1/d = collapsed).
+
+    ``eigs``: eigenvalues (any scale) of a d x d matrix, zeros included."""
+    p = np.asarray(eigs, dtype=np.float64).ravel()
+    d = p.size
+    if d == 0:
+        raise ValueError("no eigenvalues")
+    p = np.clip(p, 0, None)
+    tot = p.sum()
+    if tot <= 0:
+        return 1.0 / d
+    p = p / tot
+    nz = p[p > 0]
+    h = float(-(nz * np.log(nz)).sum())
+    return float(math.exp(h) / d)
+
+
+def pca_2d(x, max_points: int = PROJECTION_MAX_POINTS, seed: int = 0, device="cpu"):
+    """2-D PCA of the unit-normalised rows of ``x`` on a deterministic subsample.
+
+    Returns ``(rows, coords (m, 2), explained_variance_ratio (2,))`` where ``rows`` are the
+    indices (sorted) of the subsample in ``x``."""
+    import torch
+
+    xt = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
+    n, d = xt.shape
+    if n > max_points:
+        rng = np.random.default_rng(seed)
+        rows = np.sort(rng.choice(n, size=max_points, replace=False))
+        xs = xt.index_select(0, torch.as_tensor(rows).to(xt.device))
+    else:
+        rows = np.arange(n)
+        xs = xt
+    xs = torch.nn.functional.normalize(xs.to(device=device, dtype=torch.float64), dim=1)
+    xc = xs - xs.mean(dim=0, keepdim=True)
+    m = xc.shape[0]
+    if d <= m:
+        evals, evecs = torch.linalg.eigh(xc.T @ xc / max(1, m - 1))
+        comps = evecs[:, -2:].flip(1)  # (d, 2), largest first
+        top = evals[-2:].flip(0)
+    else:
+        evals, u = torch.linalg.eigh(xc @ xc.T / max(1, m - 1))
+        top = evals[-2:].flip(0)
+        comps = xc.T @ u[:, -2:].flip(1)
+        comps = comps / comps.norm(dim=0, keepdim=True).clamp(min=1e-12)
+    # deterministic orientation: the largest |loading| of each axis is positive
+    pivot = comps.abs().argmax(dim=0)
+    signs = torch.sign(comps[pivot, torch.arange(comps.shape[1])])
+    signs[signs == 0] = 1
+    comps = comps * signs
+    coords = (xc @ comps).cpu().numpy()
+    total = float(evals.clamp(min=0).sum())
+    ratio = (top.clamp(min=0) / total).cpu().numpy() if total > 0 else np.zeros(2)
+    if coords.shape[1] < 2:  # d == 1
+        coords = np.concatenate([coords, np.zeros((coords.shape[0], 1))], axis=1)
+        ratio = np.concatenate([ratio, [0.0]])
+    return rows, coords, ratio
+
+
+def source_retention(sources, selected_mask: np.ndarray, topk_mask: np.ndarray | None = None) -> dict:
+    """Per source: rows in the shard, rows kept, shares and retention (kept / rows).
+
+    Returns ``{"names": [...], "rows": int array, "selected": int array, "topk": int array or
+    None, "share_shard", "share_selected", "share_topk", "retention_selected",
+    "retention_topk"}`` (float arrays), sources sorted by shard rows, descending (ties by
+    name). Shares of each set sum to 1; sum(rows * retention) equals the set's size."""
+    src = _as_numpy(sources)
+    if src.dtype.kind not in "US":
+        src = np.array(["<null>" if s is None else str(s) for s in src.tolist()], dtype=object)
+    src = src.astype(str)
+    n = src.shape[0]
+    if selected_mask.shape != (n,):
+        raise ValueError(f"sources has {n} rows, selection {selected_mask.shape[0]}")
+    names, inv = np.unique(src, return_inverse=True)
+    rows = np.bincount(inv, minlength=names.size)
+    sel = np.bincount(inv, weights=selected_mask.astype(np.float64), minlength=names.size)
+    order = np.lexsort((names, -rows))
+    names, rows, sel = names[order], rows[order], sel[order].astype(np.int64)
+    out = {
+        "names": [str(s) for s in names],
+        "rows": rows,
+        "selected": sel,
+        "share_shard": rows / max(1, rows.sum()),
+        "share_selected": sel / max(1, sel.sum()),
+        "retention_selected": sel / np.maximum(rows, 1),
+        "topk": None,
+        "share_topk": None,
+        "retention_topk": None,
+    }
+    if topk_mask is not None:
+        tk = np.bincount(inv, weights=topk_mask.astype(np.float64), minlength=len(order))
+        tk = tk[order].astype(np.int64)
+        out.update(topk=tk, share_topk=tk / max(1, tk.sum()), retention_topk=tk / np.maximum(rows, 1))
+    return out
+
+
+OTHER_SOURCES = "(other)"
+
+
+def fold_sources(ret: dict, max_shown: int = MAX_SOURCES_SHOWN) -> dict:
+    """``ret`` (from :func:`source_retention`) with every source past the ``max_shown - 1``
+    largest folded into one entry named ``OTHER_SOURCES``; unchanged when there are at most
+    ``max_shown`` sources. Counts, shares and retentions are recomputed for the folded entry,
+    so totals are preserved. ``n_folded`` says how many sources the entry holds (0: none)."""
+    names = list(ret["names"])
+    if len(names) <= max_shown:
+        return dict(ret, n_folded=0)
+    cut = max(1, max_shown - 1)
+
+    def fold(a):
+        return None if a is None else np.concatenate([a[:cut], [a[cut:].sum()]]).astype(np.int64)
+
+    rows, sel, tk = fold(ret["rows"]), fold(ret["selected"]), fold(ret["topk"])
+    out = {
+        "names": names[:cut] + [OTHER_SOURCES],
+        "rows": rows,
+        "selected": sel,
+        "share_shard": rows / max(1, rows.sum()),
+        "share_selected": sel / max(1, sel.sum()),
+        "retention_selected": sel / np.maximum(rows, 1),
+        "topk": tk,
+        "share_topk": None if tk is None else tk / max(1, tk.sum()),
+        "retention_topk": None if tk is None else tk / np.maximum(rows, 1),
+        "n_folded": len(names) - cut,
+    }
+    return out
+
+
+def _source_label(ret: dict, i: int) -> str:
+    name = ret["names"][i]
+    if ret.get("n_folded") and i == len(ret["names"]) - 1:
+        return f"other ({ret['n_folded']} sources)"
+    return name
+
+
+# ================================================================== figures
+def _figure_curve(history, algorithm, lamb, levels: dict) -> bytes:
+    """(a) learner curve per step (batch-level) + whole-shard levels of the final subsets."""
+    from matplotlib.lines import Line2D
+
+    fig = _new_figure(13.0, 4.0)
+    axes = fig.subplots(1, 3)
+    panels = [
+        ("f", f"objective f  (λ={lamb:g})", ("mean_f", "best_f")),
+        ("f_qua", "quality term f_qua", ("mean_f_qua",)),
+        ("f_div", f"diversity term f_div ({algorithm})", ("mean_f_div",)),
+    ]
+    steps = np.array([h["step"] for h in history], dtype=np.float64) if history else np.array([])
+    last = float(steps[-1]) if steps.size else 1.0
+    ref_style = {
+        "random": dict(color=COLORS["random"], ls=":", lw=1.6),
+        "topk": dict(color=COLORS["topk"], ls="--", lw=1.6),
+        "greedy": dict(color=COLORS["greedy"], ls="-.", lw=1.6),
+    }
+    for ax, (key, title, hkeys) in zip(axes, panels):
+        if steps.size:
+            ys = np.array([h[hkeys[0]] for h in history], dtype=np.float64)
+            ax.plot(steps, ys, color=COLORS["datamask"], lw=1.6)
+            if len(hkeys) > 1:
+                yb = np.array([h[hkeys[1]] for h in history], dtype=np.float64)
+                ax.plot(steps, yb, color=COLORS["datamask_light"], lw=1.1, ls="--")
+        else:
+            ax.text(0.5, 0.5, "no learner history", ha="center", va="center",
+                    transform=ax.transAxes, color="#888888")
+        for name, style in ref_style.items():
+            if name in levels:
+                ax.axhline(levels[name][key], **style)
+        if "datamask" in levels:
+            ax.plot([last], [levels["datamask"][key]], marker="*", ms=14, color=COLORS["datamask"],
+                    mec="black", mew=0.6, ls="none", zorder=5)
+        ax.set_title(title, fontsize=10.5)
+        ax.set_xlabel("step", fontsize=9.5)
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4), useMathText=True)
+        _style(ax)
+    handles = [
+        Line2D([], [], color=COLORS["datamask"], lw=1.6, label="learner: mean over rollouts (batch-level)"),
+        Line2D([], [], color=COLORS["datamask_light"], lw=1.1, ls="--", label="learner: best rollout (batch-level)"),
+        Line2D([], [], color=COLORS["datamask"], marker="*", ms=12, mec="black", mew=0.6, ls="none",
+               label="DATAMASK final subset (whole shard)"),
+    ]
+    for name, style in ref_style.items():
+        if name in levels:
+            handles.append(Line2D([], [], label=f"{LABELS[name]} (whole shard)", **style))
+    fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=8.8, frameon=False)
+    fig.suptitle("Optimisation curve — learner scores masks on its batch each step; "
+                 "horizontal lines and ★ are whole-shard scores of final subsets",
+                 fontsize=10.5)
+    fig.subplots_adjust(left=0.055, right=0.985, top=0.85, bottom=0.25, wspace=0.28)
+    return _png(fig)
+
+
+def _figure_quality(q: np.ndarray, sel: np.ndarray, topk: np.ndarray) -> bytes:
+    """(b) quality distribution: shard vs selected vs quality top-k (densities)."""
+    fig = _new_figure(7.6, 4.3)
+    ax = fig.subplots()
+    finite = q[np.isfinite(q)]
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    if hi <= lo:
+        hi = lo + 1.0
+    bins = np.linspace(lo, hi, 61)
+    ax.hist(q, bins=bins, density=True, color=COLORS["shard"], alpha=0.55,
+            label=f"shard (n={q.size:,}, mean {q.mean():.4g})")
+    ax.hist(q[topk], bins=bins, density=True, histtype="step", lw=1.8, color=COLORS["topk"],
+            label=f"quality top-k (mean {q[topk].mean():.4g})")
+    ax.hist(q[sel], bins=bins, density=True, histtype="step", lw=1.8, color=COLORS["datamask"],
+            label=f"DATAMASK (k={int(sel.sum()):,}, mean {q[sel].mean():.4g})")
+    for arr, c, ls in ((q, COLORS["random"], ":"), (q[topk], COLORS["topk"], "--"),
+                       (q[sel], COLORS["datamask"], "--")):
+        ax.axvline(float(arr.mean()), color=c, ls=ls, lw=1.2)
+    ax.set_xlabel("quality score", fontsize=9.5)
+    ax.set_ylabel("density (each set normalised)", fontsize=9.5)
+    ax.set_title("Quality distribution (dashed/dotted lines: means)", fontsize=10.5)
+    ax.legend(fontsize=8.5, frameon=False, loc="upper left")
+    _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _figure_projection(coords, ratio, sel_s, topk_s, n_total: int) -> bytes:
+    """(c) 2-D PCA coloured by membership."""
+    fig = _new_figure(7.4, 6.4)
+    ax = fig.subplots()
+    both = sel_s & topk_s
+    sel_only = sel_s & ~topk_s
+    topk_only = topk_s & ~sel_s
+    neither = ~(sel_s | topk_s)
+    # Drawing order: "both" first among the coloured groups, so the rows where the two
+    # selections differ (top-k only = near-duplicates DATAMASK dropped, DATAMASK only = what it
+    # took instead) are drawn on top and never hidden under the shared ones.
+    groups = [
+        (neither, COLORS["neither"], 5, 0.5, "neither"),
+        (both, COLORS["both"], 10, 0.75, "both"),
+        (topk_only, COLORS["topk"], 12, 0.9, "quality top-k only"),
+        (sel_only, COLORS["datamask"], 12, 0.9, "DATAMASK only"),
+    ]
+    for m, c, s, a, label in groups:
+        ax.scatter(coords[m, 0], coords[m, 1], s=s, c=c, alpha=a, linewidths=0,
+                   label=f"{label} ({int(m.sum()):,})", rasterized=True)
+    ax.set_xlabel(f"PC 1 ({100 * ratio[0]:.1f}% of variance)", fontsize=9.5)
+    ax.set_ylabel(f"PC 2 ({100 * ratio[1]:.1f}% of variance)", fontsize=9.5)
+    shown = coords.shape[0]
+    sub = f"{shown:,} of {n_total:,} rows" if shown < n_total else f"all {n_total:,} rows"
+    ax.set_title(f"PCA of unit-normalised embeddings ({sub})", fontsize=10.5)
+    leg = ax.legend(fontsize=8.5, frameon=True, framealpha=0.85, loc="best", markerscale=1.8)
+    leg.get_frame().set_linewidth(0)
+    _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _figure_spectrum(spectra: dict, flat: dict, d: int) -> bytes:
+    """(d) normalised eigen-spectra of the correlation matrix, log scale."""
+    fig = _new_figure(10.0, 4.5)
+    ax = fig.subplots()
+    styles = {
+        "shard": dict(color=COLORS["shard"], lw=1.3, ls="-"),
+        "random": dict(color=COLORS["random"], lw=1.4, ls="--"),
+        "greedy": dict(color=COLORS["greedy"], lw=1.4, ls="-."),
+        "topk": dict(color=COLORS["topk"], lw=1.8, ls="-"),
+        "datamask": dict(color=COLORS["datamask"], lw=1.8, ls="-"),
+    }
+    names = {"shard": "whole shard (all rows)", "random": "random subset (same k)",
+             "greedy": "greedy", "topk": "quality top-k", "datamask": "DATAMASK"}
+    floor = 1e-12
+    for key in ("shard", "random", "greedy", "topk", "datamask"):
+        if key not in spectra:
+            continue
+        ev = spectra[key]
+        keep = ev > floor
+        r = np.arange(1, ev.size + 1)
+        ax.plot(r[keep], ev[keep], label=f"{names[key]} (flatness {flat[key]:.3f})", **styles[key])
+    ax.axhline(1.0 / d, color="#444444", lw=0.9, ls=":", label=f"perfectly flat (1/d, d={d})")
+    ax.set_yscale("log")
+    ax.set_xlabel("eigenvalue rank", fontsize=9.5)
+    ax.set_ylabel("eigenvalue / sum", fontsize=9.5)
+    ax.set_title("Correlation eigen-spectrum (flatness = effective rank / d)", fontsize=10.5)
+    ax.legend(fontsize=8.5, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _figure_sources(ret: dict, kept_fraction: float) -> bytes:
+    """(e) per-source shares (shard, selected, top-k) and retention."""
+    ret = fold_sources(ret, MAX_SOURCES_SHOWN)  # fold the tail into one bar
+    names = [_source_label(ret, i) for i in range(len(ret["names"]))]
+    rows = ret["rows"]
+    sel = ret["selected"]
+    tk = ret["topk"]
+    s = len(names)
+    fig = _new_figure(max(9.0, min(16.0, 3.0 + 0.75 * s * 2)), 4.6)
+    ax1, ax2 = fig.subplots(1, 2)
+    xs = np.arange(s)
+    w = 0.27
+    share = [(rows / max(1, rows.sum()), COLORS["shard"], "shard")]
+    share.append((sel / max(1, sel.sum()), COLORS["datamask"], "DATAMASK"))
+    if tk is not None:
+        share.append((tk / max(1, tk.sum()), COLORS["topk"], "quality top-k"))
+    off = (np.arange(len(share)) - (len(share) - 1) / 2) * w
+    for (vals, c, label), o in zip(share, off):
+        ax1.bar(xs + o, vals, width=w, color=c, label=label)
+    ax1.set_title("Share of each set by source", fontsize=10.5)
+    ax1.set_ylabel("share", fontsize=9.5)
+    ax1.legend(fontsize=8.5, frameon=False)
+    ret_sets = [(sel / np.maximum(rows, 1), COLORS["datamask"], "DATAMASK")]
+    if tk is not None:
+        ret_sets.append((tk / np.maximum(rows, 1), COLORS["topk"], "quality top-k"))
+    off2 = (np.arange(len(ret_sets)) - (len(ret_sets) - 1) / 2) * w
+    for (vals, c, label), o in zip(ret_sets, off2):
+        bars = ax2.bar(xs + o, vals, width=w, color=c, label=label)
+        if s <= 8:
+            for b, v in zip(bars, vals):
+                ax2.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{100 * v:.0f}%",
+                         ha="center", va="bottom", fontsize=7.5)
+    ax2.axhline(kept_fraction, color="#444444", ls=":", lw=1.1,
+                label=f"overall kept fraction ({100 * kept_fraction:.1f}%)")
+    ax2.set_title("Retention: kept rows / source rows", fontsize=10.5)
+    ax2.set_ylabel("retention", fontsize=9.5)
+    ax2.legend(fontsize=8.5, frameon=False)
+    for ax in (ax1, ax2):
+        ax.set_xticks(xs)
+        ax.set_xticklabels([n if len(n) <= 18 else n[:17] + "…" for n in names],
+                           rotation=30 if s > 4 else 0, ha="right" if s > 4 else "center",
+                           fontsize=8.5)
+        _style(ax)
+        ax.grid(False, axis="x")
+    fig.tight_layout()
+    return _png(fig)
+
+
+# ================================================================== report
+FIGURE_CAPTIONS = {
+    "curve": "Optimisation curve. Lines: the learner's per-step scores, averaged over its G "
+             "rollouts (and the best rollout), each scored on that step's batch only "
+             "(batch-level, V = batch). Horizontal lines and the star: the final subsets scored "
+             "on the whole shard (V = all rows), so the curve's level is not directly comparable "
+             "with them for terms that depend on the ground-set size (Facility, DiSF).",
+    "quality": "Quality distribution of the shard, the selected subset and the quality top-k "
+               "subset (each histogram normalised to unit area).",
+    "projection": "2-D PCA of the unit-normalised embeddings, coloured by membership. Quality "
+                  "top-k tends to crowd into a few regions; a joint selection spreads out.",
+    "spectrum": "Eigen-spectrum of each subset's correlation matrix (DiSF's view of "
+                "dimensional collapse). Flatness = exp(spectral entropy)/d = effective rank/d: "
+                "1 is perfectly flat, 1/d is collapsed onto one direction. A subset of k rows "
+                "has rank at most k − 1, so compare the subsets with each other and with the "
+                "random subset of the same size; the whole shard is drawn for orientation only.",
+    "sources": "Per-source share of the shard, the selected subset and the quality top-k "
+               "subset, and the fraction of each source's rows that was kept.",
+}
+
+
+def build_shard_report(
+    x,
+    q,
+    selected,
+    history,
+    *,
+    ids=None,
+    sources=None,
+    lamb: float,
+    algorithm: str,
+    reference: dict,
+    title: str,
+    topk=None,
+    device="cpu",
+    extra: dict | None = None,
+    random=None,
+    greedy=None,
+) -> ShardReport:
+    """Build the report for one shard.
+
+    ``x`` (n, d) embeddings and ``q`` (n,) quality (numpy or torch); ``selected``: the
+    DATAMASK subset as a bool mask (n,) or indices; ``history``: the learner's history (list
+    of dicts with step, mean_f, best_f, mean_f_qua, mean_f_div; may be empty); ``ids`` breaks
+    quality ties for the top-k subset; ``sources`` (n,) optional source/domain labels.
+    ``reference``: whole-shard evaluate_selection dicts for ``"random"`` and
+    ``"quality_topk"`` (alias ``"topk"``), optionally ``"greedy"`` and ``"datamask"`` (else the
+    selection is scored here). ``topk``: the quality top-k subset (mask or indices) if already
+    computed, else it is recomputed with baselines.quality_topk. ``extra``: more
+    ``{name: value}`` pairs shown in the page's header table (e.g. run time, config hash).
+    ``random``: the random subset (mask or indices) whose spectrum is drawn as the equal-k
+    reference, else ``baselines.random_selection(n, k, seed=0)``. ``greedy``: the greedy
+    subset (mask or indices), when computed: its spectrum and flatness are shown too.
+
+    Every value in ``metrics`` is a finite float (ratios to greedy are left out where they
+    are undefined). Per-source metrics (``retention_selected[<source>]`` ...) have at most
+    ``MAX_SOURCES_SHOWN`` entries: with more sources, all past the largest
+    ``MAX_SOURCES_SHOWN - 1`` are folded into one ``(other)`` entry, so they always add up
+    over the shard.
+    """
+    import torch
+
+    from ..engine.config import canonical_algorithm
+
+    algorithm = canonical_algorithm(algorithm)
+    xt = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
+    q_np = _as_numpy(q, np.float64).ravel()
+    if xt.ndim != 2 or xt.shape[0] != q_np.shape[0]:
+        raise ValueError(f"x must be (n, d) and q (n,), got {tuple(xt.shape)} and {q_np.shape}")
+    n, d = int(xt.shape[0]), int(xt.shape[1])
+    sel = as_mask(selected, n)
+    k = int(sel.sum())
+    if k < 2:
+        raise ValueError(f"a report needs a selection of at least 2 rows, got {k}")
+    if topk is None:
+        from ..engine.baselines import quality_topk
+
+        topk = quality_topk(q_np, k, ids)
+    topk_mask = as_mask(topk, n)
+
+    # ---- whole-shard levels
+    levels: dict = {}
+    dm = _find_ref(reference, "datamask")
+    if dm is None:
+        from ..engine.evaluate import evaluate_selection
+
+        dm = evaluate_selection(xt, torch.as_tensor(q_np), np.flatnonzero(sel), lamb=lamb,
+                                terms=(algorithm,), device=device)
+    levels["datamask"] = scores_of(dm, algorithm)
+    for name in ("topk", "random", "greedy"):
+        ref = _find_ref(reference, name)
+        if ref is not None:
+            levels[name] = scores_of(ref, algorithm)
+    for req in ("topk", "random"):
+        if req not in levels:
+            raise KeyError(f"reference needs a {_REF_ALIASES[req][0]!r} entry (evaluate_selection dict)")
+
+    # ---- numbers
+    metrics: dict = {"n_rows": float(n), "dim": float(d), "k_selected": float(k),
+                     "kept_fraction": k / n, "lamb": float(lamb)}
+    for name, lv in levels.items():
+        for key, v in lv.items():
+            metrics[f"{key}_{name}"] = float(v)
+    metrics["gain_f_over_topk"] = levels["datamask"]["f"] - levels["topk"]["f"]
+    metrics["gain_f_over_random"] = levels["datamask"]["f"] - levels["random"]["f"]
+    metrics["delta_f_qua_vs_topk"] = levels["datamask"]["f_qua"] - levels["topk"]["f_qua"]
+    metrics["delta_f_div_vs_topk"] = levels["datamask"]["f_div"] - levels["topk"]["f_div"]
+    if "greedy" in levels:
+        # Ratios are only reported where they are defined, so every metric is a finite float.
+        fg, ft, fm = levels["greedy"]["f"], levels["topk"]["f"], levels["datamask"]["f"]
+        if fg != 0:
+            metrics["ratio_f_to_greedy"] = fm / fg
+        if abs(fg - ft) > 1e-12 * max(1.0, abs(fg), abs(ft)):
+            metrics["gap_closed_vs_greedy"] = (fm - ft) / (fg - ft)
+    metrics["quality_mean_shard"] = float(q_np.mean())
+    metrics["quality_mean_selected"] = float(q_np[sel].mean())
+    metrics["quality_mean_topk"] = float(q_np[topk_mask].mean())
+    metrics["overlap_with_topk"] = float((sel & topk_mask).sum()) / k
+
+    if random is None:
+        from ..engine.baselines import random_selection
+
+        random = random_selection(n, k, seed=0)
+    random_mask = as_mask(random, n)
+    spectra = {
+        "datamask": correlation_spectrum(xt[torch.as_tensor(sel)], device=device),
+        "topk": correlation_spectrum(xt[torch.as_tensor(topk_mask)], device=device),
+        "random": correlation_spectrum(xt[torch.as_tensor(random_mask)], device=device),
+        "shard": correlation_spectrum(xt, device=device),
+    }
+    if greedy is not None:
+        spectra["greedy"] = correlation_spectrum(xt[torch.as_tensor(as_mask(greedy, n))], device=device)
+    flat = {kk: spectral_flatness(v) for kk, v in spectra.items()}
+    metrics["spectrum_flatness_selected"] = flat["datamask"]
+    metrics["spectrum_flatness_topk"] = flat["topk"]
+    metrics["spectrum_flatness_random"] = flat["random"]
+    metrics["spectrum_flatness_shard"] = flat["shard"]
+    if "greedy" in flat:
+        metrics["spectrum_flatness_greedy"] = flat["greedy"]
+    if history:
+        metrics["learner_steps"] = float(history[-1]["step"])
+        if "elapsed_s" in history[-1]:
+            metrics["learner_elapsed_s"] = float(history[-1]["elapsed_s"])
+
+    ret = None
+    if sources is not None:
+        ret = source_retention(sources, sel, topk_mask)
+        metrics["n_sources"] = float(len(ret["names"]))
+        folded = fold_sources(ret, MAX_SOURCES_SHOWN)
+        used: set = set()
+        for i, s in enumerate(folded["names"]):
+            key = _metric_key(s)
+            base, j = key, 2
+            while key in used:  # two names that sanitise alike keep separate entries
+                key, j = f"{base}~{j}", j + 1
+            used.add(key)
+            metrics[f"retention_selected[{key}]"] = float(folded["retention_selected"][i])
+            metrics[f"retention_topk[{key}]"] = float(folded["retention_topk"][i])
+            metrics[f"share_shard[{key}]"] = float(folded["share_shard"][i])
+            metrics[f"share_selected[{key}]"] = float(folded["share_selected"][i])
+
+    # ---- figures
+    rows, coords, ratio = pca_2d(xt, device=device)
+    figures = {
+        "curve": _figure_curve(list(history or []), algorithm, lamb, levels),
+        "quality": _figure_quality(q_np, sel, topk_mask),
+        "projection": _figure_projection(coords, ratio, sel[rows], topk_mask[rows], n),
+        "spectrum": _figure_spectrum(spectra, flat, d),
+    }
+    if ret is not None:
+        figures["sources"] = _figure_sources(ret, k / n)
+
+    markdown = _markdown(metrics, levels, algorithm, lamb, ret)
+    page = _html_page(title, metrics, levels, algorithm, lamb, figures, ret, extra or {})
+    return ShardReport(title=title, html=page, figures=figures, metrics=metrics, markdown=markdown)
+
+
+# ================================================================== text
+def _score_table(levels: dict, metrics: dict, algorithm: str, lamb: float):
+    cols = [c for c in ("datamask", "topk", "random", "greedy") if c in levels]
+    header = [""] + [LABELS[c] for c in cols]
+    body = [
+        [f"f (λ={lamb:g}, {algorithm})"] + [_fmt(levels[c]["f"]) for c in cols],
+        ["f_qua (mean quality)"] + [_fmt(levels[c]["f_qua"]) for c in cols],
+        [f"f_div ({algorithm})"] + [_fmt(levels[c]["f_div"]) for c in cols],
+    ]
+    flat_key = {"datamask": "spectrum_flatness_selected", "topk": "spectrum_flatness_topk",
+                "random": "spectrum_flatness_random", "greedy": "spectrum_flatness_greedy"}
+    flat_row = ["spectrum flatness"]
+    for c in cols:
+        flat_row.append(_fmt(metrics[flat_key[c]], 4) if flat_key.get(c) in metrics else "–")
+    body.append(flat_row)
+    return header, body
+
+
+def _summary_lines(metrics: dict) -> list[tuple[str, str]]:
+    out = [
+        ("rows kept", f"{int(metrics['k_selected']):,} of {int(metrics['n_rows']):,} "
+                      f"({_pct(metrics['kept_fraction'])})"),
+        ("f gain over quality top-k", _fmt(metrics["gain_f_over_topk"])),
+        ("f gain over random", _fmt(metrics["gain_f_over_random"])),
+        ("quality mean: shard / selected / top-k",
+         f"{_fmt(metrics['quality_mean_shard'])} / {_fmt(metrics['quality_mean_selected'])} / "
+         f"{_fmt(metrics['quality_mean_topk'])}"),
+        ("overlap with quality top-k", _pct(metrics["overlap_with_topk"])),
+    ]
+    if "gap_closed_vs_greedy" in metrics:
+        out.append(("f / f_greedy", _fmt(metrics["ratio_f_to_greedy"])))
+        out.append(("gap closed (f − f_topk)/(f_greedy − f_topk)",
+                    _fmt(metrics["gap_closed_vs_greedy"])))
+    return out
+
+
+def _source_rows(ret: dict) -> list[list[str]]:
+    return [[_source_label(ret, i), f"{int(ret['rows'][i]):,}", f"{int(ret['selected'][i]):,}",
+             _pct(ret["retention_selected"][i]),
+             "–" if ret["retention_topk"] is None else _pct(ret["retention_topk"][i])]
+            for i in range(len(ret["names"]))]
+
+
+def _markdown(metrics, levels, algorithm, lamb, ret) -> str:
+    header, body = _score_table(levels, metrics, algorithm, lamb)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    lines += ["", "| summary | value |", "|---|---|"]
+    lines += [f"| {a} | {b} |" for a, b in _summary_lines(metrics)]
+    if ret is not None:
+        lines += ["", "| source | rows | kept | retention | top-k retention |", "|---|---|---|---|---|"]
+        for row in _source_rows(fold_sources(ret, MAX_SOURCES_SHOWN)):
+            lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+_CSS = """
+body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;
+max-width:1180px;color:#222;padding:0 16px}
+h1{font-size:1.5em;margin-bottom:4px}h2{font-size:1.15em;margin-top:28px}
+.sub{color:#666;margin-top:0}
+table{border-collapse:collapse;margin:10px 0;font-size:0.92em}
+th,td{border:1px solid #ddd;padding:4px 10px;text-align:right}
+th:first-child,td:first-child{text-align:left}th{background:#f4f6f8}
+figure{margin:10px 0 22px 0}img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{color:#555;font-size:0.9em;max-width:900px}
+details{margin-top:20px}code{background:#f4f4f4;padding:1px 4px}
+"""
+
+
+def _table_html(header, body) -> str:
+    e = _html.escape
+    out = ["<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"]
+    for r in body:
+        out.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def _html_page(title, metrics, levels, algorithm, lamb, figures, ret, extra) -> str:
+    e = _html.escape
+    header, body = _score_table(levels, metrics, algorithm, lamb)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{e(title)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+        f'<p class="sub">{int(metrics["n_rows"]):,} rows × {int(metrics["dim"])} dims · '
+        f"algorithm {e(algorithm)} · λ = {lamb:g} · kept {int(metrics['k_selected']):,} "
+        f"({_pct(metrics['kept_fraction'])}). All scores below are on the whole shard.</p>",
+        _table_html(header, body),
+        _table_html(["summary", "value"], _summary_lines(metrics)
+                    + [(str(a), str(b)) for a, b in extra.items()]),
+    ]
+    titles = {"curve": "Optimisation curve", "quality": "Quality distribution",
+              "projection": "Embedding projection", "spectrum": "Eigen-spectrum flatness",
+              "sources": "Retention per source"}
+    for name, png in figures.items():
+        parts.append(f"<h2>{e(titles.get(name, name))}</h2>")
+        parts.append(f'<figure><img alt="{e(name)}" src="{data_uri(png)}">'
+                     f"<figcaption>{e(FIGURE_CAPTIONS.get(name, ''))}</figcaption></figure>")
+        if name == "sources" and ret is not None:
+            rows_ = _source_rows(fold_sources(ret, MAX_SOURCES_IN_TABLE))
+            parts.append(_table_html(["source", "rows", "kept", "retention", "top-k retention"], rows_))
+    parts.append("<details><summary>All metrics</summary>")
+    parts.append(_table_html(["metric", "value"], [[kk, _fmt(v, 6)] for kk, v in metrics.items()]))
+    parts.append(f"<pre>{e(json.dumps(metrics, indent=1, default=float))}</pre></details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+# ================================================================== output
+def write_shard_report(report: ShardReport, out_dir_uri) -> dict:
+    """Write the report under ``out_dir_uri`` (path or URI): ``report_<figure>.png`` per
+    figure, ``report_metrics.json`` (strict JSON, finite floats), ``report.md`` (the markdown
+    tables) and, last, ``report.html``. Every file is published atomically (temp file beside
+    it, then rename / object-store move), so a reader never sees a partial file, and the page
+    appears only after everything else is in place. Figures of a previous report in the same
+    directory that this report does not have (e.g. ``report_sources.png`` when the shard has no
+    source column any more) are removed.
+
+    Returns ``{"html": uri, "metrics": uri, "markdown": uri, <figure name>: uri, ...}``."""
+    from ..engine import storage
+
+    out = {}
+    for name, png in report.figures.items():
+        uri = storage.join(out_dir_uri, f"report_{name}.png")
+        storage.atomic_write_bytes(uri, png)
+        out[name] = uri
+    for name in FIGURE_CAPTIONS:
+        if name not in report.figures:
+            storage.remove(storage.join(out_dir_uri, f"report_{name}.png"), missing_ok=True)
+    uri = storage.join(out_dir_uri, "report_metrics.json")
+    blob = json.dumps({k: float(v) for k, v in report.metrics.items()}, indent=1, sort_keys=True,
+                      allow_nan=False)
+    storage.atomic_write_bytes(uri, blob.encode("utf-8"))
+    out["metrics"] = uri
+    uri = storage.join(out_dir_uri, "report.md")
+    storage.atomic_write_bytes(uri, (f"# {report.title}\n\n" + report.markdown).encode("utf-8"))
+    out["markdown"] = uri
+    uri = storage.join(out_dir_uri, "report.html")
+    storage.atomic_write_bytes(uri, report.html.encode("utf-8"))
+    out["html"] = uri
+    return out
