@@ -1,0 +1,406 @@
+"""Corpus report (issue 6, item 2): one page over all shards.
+
+Input: the per-shard metric dicts of :func:`shard_report.build_shard_report` (its
+``ShardReport.metrics``, or the ``report_metrics.json`` that :func:`write_shard_report` wrote),
+keyed by shard / partition key. Output (:class:`CorpusReport`):
+
+* ``rows``: one dict per shard (see :data:`ROW_FIELDS`), missing numbers as ``None``;
+* ``totals``: corpus-level numbers (see :func:`corpus_totals`), all finite floats;
+* ``figures``: ``{"overview": PNG bytes}``: kept fraction, mean quality before / after and the
+  objective gain over quality top-k, per shard;
+* ``html``: one self-contained page (inline CSS, the figure as a ``data:`` URI, no scripts; the
+  only hyperlinks are the optional per-shard report links the caller passes);
+* ``metrics``: ``totals`` again, the flat ``{name: float}`` dict for Dagster metadata;
+* ``markdown``: the per-shard table and a totals table (``dg.MetadataValue.md``).
+
+Aggregation rules. Row counts add up. Mean quality before is weighted by shard rows, after by
+kept rows (so it is the mean over the union of the selected subsets). Objective values are
+per-shard means (f_qua is a mean over the subset, the diversity terms are normalised), so the
+corpus numbers for them are plain means over shards plus min / max and a count of the shards
+where DATAMASK beats quality top-k; they are only comparable when every shard used the same
+lambda and algorithm, which the page checks and flags.
+"""
+
+from __future__ import annotations
+
+import html as _html
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from .shard_report import (
+    _CSS,
+    COLORS,
+    _fmt,
+    _new_figure,
+    _pct,
+    _png,
+    _style,
+    _table_html,
+    data_uri,
+)
+
+__all__ = [
+    "CorpusReport",
+    "ROW_FIELDS",
+    "corpus_rows_from_metrics",
+    "corpus_totals",
+    "build_corpus_report",
+    "write_corpus_report",
+]
+
+# row field -> shard metric key
+ROW_FIELDS = {
+    "n_rows": "n_rows",
+    "k_selected": "k_selected",
+    "kept_fraction": "kept_fraction",
+    "quality_mean_before": "quality_mean_shard",
+    "quality_mean_after": "quality_mean_selected",
+    "quality_mean_topk": "quality_mean_topk",
+    "f_datamask": "f_datamask",
+    "f_topk": "f_topk",
+    "f_random": "f_random",
+    "f_greedy": "f_greedy",
+    "gain_f_over_topk": "gain_f_over_topk",
+    "gain_f_over_random": "gain_f_over_random",
+    "gap_closed_vs_greedy": "gap_closed_vs_greedy",
+    "spectrum_flatness_selected": "spectrum_flatness_selected",
+    "spectrum_flatness_topk": "spectrum_flatness_topk",
+    "lamb": "lamb",
+}
+MAX_MARKDOWN_ROWS = 200
+
+
+@dataclass
+class CorpusReport:
+    title: str
+    html: str
+    rows: list = field(default_factory=list)
+    totals: dict = field(default_factory=dict)
+    figures: dict = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+    markdown: str = ""
+
+
+def _num(v):
+    """A finite float, or None for a missing / non-numeric / non-finite value."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def corpus_rows_from_metrics(shard_metrics: Mapping[str, Mapping]) -> list[dict]:
+    """One row per shard, sorted by shard key: ``{"shard": key, <ROW_FIELDS>: float | None}``.
+
+    Counts (``n_rows``, ``k_selected``) become ints. ``kept_fraction`` and the gains are
+    derived from their parts when the metrics lack them but have the parts."""
+    rows = []
+    for key in sorted(shard_metrics, key=str):
+        m = shard_metrics[key] or {}
+        row = {"shard": str(key)}
+        for fld, src in ROW_FIELDS.items():
+            row[fld] = _num(m.get(src))
+        for cnt in ("n_rows", "k_selected"):
+            if row[cnt] is not None:
+                row[cnt] = int(round(row[cnt]))
+        if row["kept_fraction"] is None and row["n_rows"] and row["k_selected"] is not None:
+            row["kept_fraction"] = row["k_selected"] / row["n_rows"]
+        for gain, ref in (("gain_f_over_topk", "f_topk"), ("gain_f_over_random", "f_random")):
+            if row[gain] is None and row["f_datamask"] is not None and row[ref] is not None:
+                row[gain] = row["f_datamask"] - row[ref]
+        rows.append(row)
+    return rows
+
+
+def corpus_totals(rows: list[dict]) -> dict:
+    """Corpus-level numbers from :func:`corpus_rows_from_metrics` rows (finite floats only;
+    an aggregate none of the shards has the inputs for is left out)."""
+    t: dict = {"n_shards": float(len(rows))}
+    counted = [r for r in rows if r["n_rows"] is not None and r["k_selected"] is not None]
+    n_tot = sum(r["n_rows"] for r in counted)
+    k_tot = sum(r["k_selected"] for r in counted)
+    t["n_shards_counted"] = float(len(counted))
+    t["rows_total"] = float(n_tot)
+    t["rows_kept"] = float(k_tot)
+    if n_tot:
+        t["kept_fraction"] = k_tot / n_tot
+
+    def weighted(field_, weight):
+        rs = [r for r in counted if r[field_] is not None and r[weight]]
+        w = sum(r[weight] for r in rs)
+        return sum(r[field_] * r[weight] for r in rs) / w if w else None
+
+    for name, fld, wt in (("quality_mean_before", "quality_mean_before", "n_rows"),
+                          ("quality_mean_after", "quality_mean_after", "k_selected"),
+                          ("quality_mean_topk", "quality_mean_topk", "k_selected")):
+        v = weighted(fld, wt)
+        if v is not None:
+            t[name] = v
+    for fld in ("f_datamask", "f_topk", "f_random", "f_greedy", "gain_f_over_topk",
+                "gain_f_over_random", "gap_closed_vs_greedy", "spectrum_flatness_selected",
+                "spectrum_flatness_topk"):
+        vals = np.array([r[fld] for r in rows if r[fld] is not None], dtype=np.float64)
+        if vals.size:
+            t[f"{fld}_mean"] = float(vals.mean())
+            if fld.startswith("gain") or fld.startswith("gap"):
+                t[f"{fld}_min"] = float(vals.min())
+                t[f"{fld}_max"] = float(vals.max())
+    gains = [r["gain_f_over_topk"] for r in rows if r["gain_f_over_topk"] is not None]
+    if gains:
+        t["shards_beating_topk"] = float(sum(g > 0 for g in gains))
+        t["shards_with_gain"] = float(len(gains))
+    lambs = sorted({r["lamb"] for r in rows if r["lamb"] is not None})
+    if len(lambs) == 1:
+        t["lamb"] = lambs[0]
+    t["lamb_values"] = float(len(lambs))
+    return t
+
+
+# ----------------------------------------------------------------------- figure
+def _figure(rows: list[dict]) -> bytes:
+    s = len(rows)
+    width = float(min(18.0, max(11.0, 6.0 + 0.32 * s)))
+    fig = _new_figure(width, 8.4)
+    side = dict(fontsize=8.5, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax1, ax2, ax3 = fig.subplots(3, 1, sharex=True)
+    xs = np.arange(s)
+    labels = [r["shard"] for r in rows]
+
+    def col(name):
+        return np.array([np.nan if r[name] is None else r[name] for r in rows], dtype=np.float64)
+
+    kept = col("kept_fraction")
+    ax1.bar(xs, kept, color=COLORS["datamask"], width=0.7, label="shard")
+    if s and np.isfinite(kept).any():
+        counted = [r for r in rows if r["n_rows"] is not None and r["k_selected"] is not None]
+        tot_n = sum(r["n_rows"] for r in counted)
+        tot_k = sum(r["k_selected"] for r in counted)
+        if tot_n:
+            ax1.axhline(tot_k / tot_n, color="#444444", ls=":", lw=1.1,
+                        label=f"corpus ({100 * tot_k / tot_n:.1f}%)")
+        ax1.set_ylim(0, 1.2 * float(np.nanmax(kept)) if np.nanmax(kept) > 0 else 1.0)
+        ax1.legend(**side)
+    ax1.set_ylabel("kept fraction", fontsize=9.5)
+    ax1.set_title("Kept fraction per shard", fontsize=10.5)
+
+    w = 0.27
+    for vals, off, c, label in ((col("quality_mean_before"), -w, COLORS["shard"], "shard (before)"),
+                                (col("quality_mean_after"), 0.0, COLORS["datamask"], "DATAMASK (after)"),
+                                (col("quality_mean_topk"), w, COLORS["topk"], "quality top-k")):
+        ax2.bar(xs + off, vals, width=w, color=c, label=label)
+    ax2.set_ylabel("mean quality", fontsize=9.5)
+    ax2.set_title("Mean quality before and after selection", fontsize=10.5)
+    ax2.legend(**side)
+
+    gain = col("gain_f_over_topk")
+    colors = [COLORS["datamask"] if g >= 0 else COLORS["topk"] for g in np.nan_to_num(gain)]
+    ax3.bar(xs, gain, color=colors, width=0.7, label="DATAMASK − top-k")
+    greedy_gain = col("f_greedy") - col("f_topk")
+    if np.isfinite(greedy_gain).any():
+        ax3.plot(xs, greedy_gain, ls="none", marker="_", ms=max(5.0, min(22.0, 260.0 / max(1, s))), mew=2.2, color=COLORS["greedy"],
+                 label="greedy − top-k (reference)")
+    ax3.axhline(0.0, color="#444444", lw=0.9)
+    ax3.legend(**side)
+    ax3.set_ylabel("f − f(quality top-k)", fontsize=9.5)
+    ax3.set_title("Objective gain over quality top-k (whole shard; > 0: DATAMASK better)",
+                  fontsize=10.5)
+    ax3.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4), useMathText=True)
+    missing = ~np.isfinite(gain)
+    for x in xs[missing]:
+        ax3.text(x, 0, "n/a", ha="center", va="bottom", fontsize=7, color="#888888")
+
+    step = max(1, int(math.ceil(s / 40)))  # at most ~40 tick labels
+    ax3.set_xticks(xs[::step])
+    ax3.set_xticklabels([labels[i] if len(labels[i]) <= 16 else labels[i][:15] + "…"
+                         for i in range(0, s, step)], rotation=40 if s > 6 else 0,
+                        ha="right" if s > 6 else "center", fontsize=8.5)
+    ax3.set_xlabel("shard", fontsize=9.5)
+    for ax in (ax1, ax2, ax3):
+        _style(ax)
+        ax.grid(False, axis="x")
+        if s:
+            ax.set_xlim(-0.6, s - 0.4)
+    if not s:
+        ax1.text(0.5, 0.5, "no shards", ha="center", va="center", transform=ax1.transAxes)
+    fig.tight_layout()
+    return _png(fig)
+
+
+# ----------------------------------------------------------------------- text
+_COLUMNS = (
+    ("shard", "shard"), ("rows", "n_rows"), ("kept", "k_selected"), ("kept %", "kept_fraction"),
+    ("quality before", "quality_mean_before"), ("quality after", "quality_mean_after"),
+    ("quality top-k", "quality_mean_topk"), ("f DATAMASK", "f_datamask"),
+    ("f top-k", "f_topk"), ("f random", "f_random"), ("gain over top-k", "gain_f_over_topk"),
+    ("gap closed vs greedy", "gap_closed_vs_greedy"),
+)
+
+
+def _cell(row: dict, fld: str) -> str:
+    v = row.get(fld)
+    if fld == "shard":
+        return str(v)
+    if v is None:
+        return "–"
+    if fld in ("n_rows", "k_selected"):
+        return f"{int(v):,}"
+    if fld == "kept_fraction":
+        return _pct(v)
+    return _fmt(v)
+
+
+def _columns(rows: list[dict]) -> list[tuple[str, str]]:
+    cols = list(_COLUMNS)
+    if not any(r.get("gap_closed_vs_greedy") is not None for r in rows):
+        cols = [c for c in cols if c[1] != "gap_closed_vs_greedy"]
+    return cols
+
+
+def _totals_lines(t: dict) -> list[tuple[str, str]]:
+    out = [("shards", f"{int(t['n_shards']):,}"),
+           ("rows kept", f"{int(t['rows_kept']):,} of {int(t['rows_total']):,} "
+                         f"({_pct(t.get('kept_fraction'))})")]
+    if "quality_mean_before" in t or "quality_mean_after" in t:
+        out.append(("mean quality before / after / top-k",
+                    f"{_fmt(t.get('quality_mean_before'))} / {_fmt(t.get('quality_mean_after'))} / "
+                    f"{_fmt(t.get('quality_mean_topk'))}"))
+    if "gain_f_over_topk_mean" in t:
+        out.append(("f gain over quality top-k: mean (min … max)",
+                    f"{_fmt(t['gain_f_over_topk_mean'])} ({_fmt(t['gain_f_over_topk_min'])} … "
+                    f"{_fmt(t['gain_f_over_topk_max'])})"))
+        out.append(("shards where DATAMASK beats quality top-k",
+                    f"{int(t['shards_beating_topk'])} of {int(t['shards_with_gain'])}"))
+    if "gain_f_over_random_mean" in t:
+        out.append(("f gain over random: mean", _fmt(t["gain_f_over_random_mean"])))
+    if "gap_closed_vs_greedy_mean" in t:
+        out.append(("gap to greedy closed: mean", _fmt(t["gap_closed_vs_greedy_mean"])))
+    if "spectrum_flatness_selected_mean" in t:
+        out.append(("spectrum flatness: DATAMASK / top-k (mean)",
+                    f"{_fmt(t['spectrum_flatness_selected_mean'], 4)} / "
+                    f"{_fmt(t.get('spectrum_flatness_topk_mean'), 4)}"))
+    return out
+
+
+def _markdown(rows, totals, lamb_note) -> str:
+    cols = _columns(rows)
+    lines = ["| " + " | ".join(h for h, _ in cols) + " |",
+             "|---|" + "---:|" * (len(cols) - 1)]
+    for r in rows[:MAX_MARKDOWN_ROWS]:
+        lines.append("| " + " | ".join(_cell(r, f).replace("|", "/") for _, f in cols) + " |")
+    if len(rows) > MAX_MARKDOWN_ROWS:
+        lines.append(f"| … {len(rows) - MAX_MARKDOWN_ROWS} more shards (see the HTML report) |"
+                     + " |" * (len(cols) - 1))
+    lines += ["", "| corpus | value |", "|---|---|"]
+    lines += [f"| {a} | {b} |" for a, b in _totals_lines(totals)]
+    if lamb_note:
+        lines += ["", f"**Note:** {lamb_note}"]
+    return "\n".join(lines) + "\n"
+
+
+def _html_page(title, rows, totals, figures, links, extra, algorithm, lamb_note) -> str:
+    e = _html.escape
+    cols = _columns(rows)
+    sub = f"{int(totals['n_shards']):,} shards"
+    if algorithm:
+        sub += f" · algorithm {e(str(algorithm))}"
+    if "lamb" in totals:
+        sub += f" · λ = {totals['lamb']:g}"
+    sub += ". Objective numbers are whole-shard scores from each shard's report."
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{e(title)}</title>",
+        f"<style>{_CSS}.warn{{color:#a04000}}</style></head><body>",
+        f"<h1>{e(title)}</h1>",
+        f'<p class="sub">{sub}</p>',
+    ]
+    if lamb_note:
+        parts.append(f'<p class="warn">{e(lamb_note)}</p>')
+    parts.append(_table_html(["corpus", "value"], _totals_lines(totals)
+                             + [(str(a), str(b)) for a, b in (extra or {}).items()]))
+    for name, png in figures.items():
+        parts.append(f'<figure><img alt="{e(name)}" src="{data_uri(png)}"><figcaption>Per shard: '
+                     "kept fraction (dotted: the corpus), mean quality of the shard, the DATAMASK "
+                     "subset and the quality top-k subset, and the whole-shard objective gain of "
+                     "DATAMASK over quality top-k.</figcaption></figure>")
+    parts.append("<h2>Per shard</h2>")
+    header = "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h, _ in cols) + "</tr>"
+    body = [header]
+    for r in rows:
+        cells = []
+        for _, f in cols:
+            text = e(_cell(r, f))
+            if f == "shard" and links and r["shard"] in links:
+                text = f'<a href="{e(str(links[r["shard"]]), quote=True)}">{text}</a>'
+            cells.append(f"<td>{text}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    body.append("</table>")
+    parts.append("\n".join(body))
+    parts.append("<details><summary>Corpus metrics</summary>")
+    parts.append(f"<pre>{e(json.dumps(totals, indent=1, sort_keys=True))}</pre></details>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------- API
+def build_corpus_report(
+    shard_metrics: Mapping[str, Mapping],
+    *,
+    title: str = "DATAMASK corpus report",
+    algorithm: str | None = None,
+    links: Mapping[str, str] | None = None,
+    extra: dict | None = None,
+) -> CorpusReport:
+    """Build the corpus page from ``{shard key: shard report metrics}`` (the dicts of
+    ``ShardReport.metrics`` or the ``report_metrics.json`` files). ``algorithm`` is shown in
+    the header; ``links`` maps shard keys to the URL / relative path of their shard report
+    (rendered as the only hyperlinks of the page); ``extra`` adds rows to the totals table."""
+    rows = corpus_rows_from_metrics(shard_metrics)
+    totals = corpus_totals(rows)
+    lambs = sorted({r["lamb"] for r in rows if r["lamb"] is not None})
+    lamb_note = ""
+    if len(lambs) > 1:
+        lamb_note = (f"shards were selected with different λ ({', '.join(f'{v:g}' for v in lambs)}); "
+                     "their objective values are not comparable, so the objective means mix scales.")
+    figures = {"overview": _figure(rows)}
+    return CorpusReport(
+        title=title,
+        html=_html_page(title, rows, totals, figures, links, extra, algorithm, lamb_note),
+        rows=rows,
+        totals=totals,
+        figures=figures,
+        metrics=dict(totals),
+        markdown=_markdown(rows, totals, lamb_note),
+    )
+
+
+def write_corpus_report(report: CorpusReport, out_dir_uri) -> dict:
+    """Write ``corpus_<figure>.png``, ``corpus_metrics.json`` (strict JSON: totals and rows),
+    ``corpus_report.md`` and, last, ``corpus_report.html`` under ``out_dir_uri``, each
+    published atomically. Returns ``{"html", "metrics", "markdown", <figure name>: uri}``."""
+    from ..engine import storage
+
+    out = {}
+    for name, png in report.figures.items():
+        uri = storage.join(out_dir_uri, f"corpus_{name}.png")
+        storage.atomic_write_bytes(uri, png)
+        out[name] = uri
+    uri = storage.join(out_dir_uri, "corpus_metrics.json")
+    blob = json.dumps({"totals": report.totals, "shards": report.rows}, indent=1,
+                      sort_keys=True, allow_nan=False)
+    storage.atomic_write_bytes(uri, blob.encode("utf-8"))
+    out["metrics"] = uri
+    uri = storage.join(out_dir_uri, "corpus_report.md")
+    storage.atomic_write_bytes(uri, (f"# {report.title}\n\n" + report.markdown).encode("utf-8"))
+    out["markdown"] = uri
+    uri = storage.join(out_dir_uri, "corpus_report.html")
+    storage.atomic_write_bytes(uri, report.html.encode("utf-8"))
+    out["html"] = uri
+    return out
