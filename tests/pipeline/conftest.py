@@ -1,0 +1,93 @@
+"""Fixtures for the Dagster pipeline tests: a temporary data root, a tiny sample corpus
+(3 shards x 400 rows, 16-d), a temporary Dagster instance, the resources, and a helper that
+materializes the per-shard chain of one partition with the in-process executor.
+
+The environment of the test process selects the ``cpu-demo`` preset, so MaskConfig's defaults
+(what schedules, sensors and a bare CLI run use) are small; explicit configs are tinier still.
+"""
+
+import os
+
+os.environ.setdefault("DATAMASK_PRESET", "cpu-demo")  # before assets.learn is imported
+
+import dagster as dg  # noqa: E402
+import pytest  # noqa: E402
+from dagster_duckdb import DuckDBResource  # noqa: E402
+
+from assets.learn import MaskConfig  # noqa: E402
+from assets.partitions import register_shards  # noqa: E402
+from datamask_pipeline.engine.sample import generate_corpus  # noqa: E402
+from resources.contract import DataContract  # noqa: E402
+from resources.learner import MaskLearner  # noqa: E402
+from resources.storage import DataRoot  # noqa: E402
+
+from .helpers import ALL_ASSETS, CHAIN, DIM, KEYS, ROWS, SHARDS, TINY  # noqa: E402
+
+
+@pytest.fixture
+def data_root(tmp_path, monkeypatch) -> DataRoot:
+    root = tmp_path / "data"
+    monkeypatch.setenv("DATAMASK_DATA_ROOT", str(root))
+    monkeypatch.delenv("DATAMASK_RAW_ROOT", raising=False)
+    return DataRoot(root=str(root))
+
+
+@pytest.fixture
+def corpus(data_root) -> list:
+    """The tiny corpus under <data root>/raw; returns the partition keys."""
+    generate_corpus(data_root.raw_root, n_shards=SHARDS, rows_per_shard=ROWS, dim=DIM, seed=3)
+    return list(KEYS)
+
+
+@pytest.fixture
+def instance(tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    with dg.instance_for_test(temp_dir=str(home)) as inst:
+        yield inst
+
+
+@pytest.fixture
+def resources(data_root) -> dict:
+    return {
+        "data_root": data_root,
+        "contract": DataContract(expected_dim=DIM, quality_min=0.0, quality_max=1.0),
+        "learner": MaskLearner(device="cpu", checkpoint_every=10, log_interval_s=0.05),
+        "duckdb": DuckDBResource(database=":memory:"),
+    }
+
+
+@pytest.fixture
+def registered(instance, corpus, data_root) -> list:
+    out = register_shards(instance, data_root.raw_root)
+    assert out["added"] == corpus
+    return corpus
+
+
+def _selects_mask(selection) -> bool:
+    if isinstance(selection, dg.AssetSelection):
+        return selection is CHAIN
+    return dg.AssetKey("mask") in [dg.AssetKey.from_coercible(k) for k in selection]
+
+
+@pytest.fixture
+def run_chain(instance, resources):
+    """``run_chain(key, selection=CHAIN, raise_on_error=True, **mask_config)``: materialize
+    the chain (with its blocking checks) for one partition; ``mask_config=None`` runs with
+    MaskConfig's defaults."""
+
+    def run(key, selection=CHAIN, raise_on_error=True, mask_config="tiny", **overrides):
+        if mask_config == "tiny":
+            cfg = MaskConfig(**{**TINY, **overrides})
+        elif mask_config is None:
+            cfg = MaskConfig(**overrides)
+        else:
+            cfg = mask_config
+        return dg.materialize(
+            ALL_ASSETS, partition_key=key, instance=instance, resources=resources,
+            run_config=dg.RunConfig({"mask": cfg} if _selects_mask(selection) else {}),
+            selection=selection,
+            raise_on_error=raise_on_error,
+        )
+
+    return run
