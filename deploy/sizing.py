@@ -1,0 +1,268 @@
+"""Sizing tables for a cluster run of DATAMASK: shards, memory per pod, GPU-hours per shard.
+
+    .venv/bin/python deploy/sizing.py                      # the tables of deploy/SIZING.md
+    .venv/bin/python deploy/sizing.py --rows 2e10 --dim 768 --rows-per-shard 1e6
+
+Memory numbers come from the engine's own pre-flight estimate,
+``datamask_pipeline.engine.learner.estimate_memory`` (the number the mask asset logs and
+checks before it starts), evaluated for the *target* GPU: the objective workspace is the
+engine's CUDA budget (``objectives.default_mem_budget`` for a CUDA device, 2 GiB) and the
+"does it fit on this machine" check is switched off (this machine is not the GPU node), so
+the estimate is returned for any size instead of raising. Step rates come from the
+benchmark's result files (``bench/results/*.json``) when they exist; nothing is invented.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from unittest import mock
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+GIB = 2**30
+
+# Dagster's documented guidance: at most 100,000 partitions per asset ("assets with partition
+# counts exceeding this limit will likely have slower load times in the UI"). Every shard is
+# also one run (a run-worker pod plus one pod per step), so far fewer is better.
+DAGSTER_PARTITION_LIMIT = 100_000
+COMFORTABLE_PARTITIONS = 25_000
+
+# (n rows per shard, d, G rollouts, partial): the paper's block size (~1M, 768-d) and
+# settings around it.
+DEFAULT_SETTINGS = [
+    (250_000, 384, 128, 0.1),
+    (1_000_000, 384, 128, 0.1),
+    (1_000_000, 768, 128, 0.1),
+    (1_000_000, 768, 256, 0.05),
+    (1_000_000, 768, 128, 0.2),
+    (2_000_000, 768, 128, 0.1),
+    (4_000_000, 768, 128, 0.1),
+    (4_000_000, 1024, 256, 0.1),
+]
+DEFAULT_CORPORA = [1e8, 1e9, 1e10, 2.5e10]
+DEFAULT_SHARD_ROWS = [250_000, 1_000_000, 4_000_000]
+GPU_SIZES_GIB = (24, 40, 80, 141)
+
+# Host memory of the mask pod (a model, not a measurement): the features parquet is read into
+# an Arrow table and a float32 numpy array (about 2 x n*d*4 at the peak of the read), plus the
+# interpreter, torch and the CUDA context (~3 GiB).
+HOST_COPIES = 2.0
+HOST_BASE_BYTES = 3 * GIB
+# After learning, the whole-shard evaluation puts the shard on the device once more and caches
+# a unit-normalised copy (2 x n*d*4), while the learner's own tensors are released: the
+# device peak is the larger of the two phases.
+EVAL_COPIES = 2.0
+
+
+def shard_count(rows: float, rows_per_shard: float) -> int:
+    if rows <= 0 or rows_per_shard <= 0:
+        raise ValueError("rows and rows per shard must be positive")
+    return int(math.ceil(rows / rows_per_shard))
+
+
+def partition_verdict(shards: int) -> str:
+    if shards <= COMFORTABLE_PARTITIONS:
+        return "fine"
+    if shards <= DAGSTER_PARTITION_LIMIT:
+        return "within Dagster's 100k guidance; UI slower"
+    return "too many: use bigger shards"
+
+
+def min_rows_per_shard(rows: float, max_partitions: int = COMFORTABLE_PARTITIONS) -> int:
+    """Smallest shard size that keeps the partition count at or under ``max_partitions``."""
+    return int(math.ceil(rows / max_partitions))
+
+
+def gpu_estimate(n: int, d: int, n_rollout: int, partial: float, itemsize: int = 4,
+                 **cfg_kwargs) -> dict:
+    """``estimate_memory`` for a CUDA pod: parts and total in bytes, plus the derived device
+    peak (learning vs whole-shard evaluation) and the host memory request."""
+    import torch
+
+    from datamask_pipeline.engine import learner
+    from datamask_pipeline.engine.config import LearnerConfig
+    from datamask_pipeline.engine.objectives import default_mem_budget
+
+    cfg = LearnerConfig(n_rollout=n_rollout, partial=partial, **cfg_kwargs)
+    cfg.validate(n)
+    budget = default_mem_budget(torch.device("cuda"))
+    # The fit check compares with *this* machine's free memory; the question here is the
+    # target GPU, so report the estimate whatever its size.
+    with mock.patch.object(learner, "device_memory", return_value=1 << 62):
+        est = learner.estimate_memory(n, d, cfg, device="cpu", itemsize=itemsize,
+                                      mem_budget=budget)
+    emb = n * d * itemsize
+    eval_peak = EVAL_COPIES * emb + budget
+    device_peak = max(est["total_bytes"], eval_peak)
+    host = HOST_COPIES * emb + HOST_BASE_BYTES
+    sizes = cfg.sizes(n)
+    return {
+        "n": n, "d": d, "G": n_rollout, "partial": partial,
+        "batch": sizes["batch"], "k_batch": sizes["k_batch"],
+        "parts": est["parts"], "learn_total_bytes": est["total_bytes"],
+        "eval_peak_bytes": int(eval_peak), "device_peak_bytes": int(device_peak),
+        "host_bytes": int(host),
+        "smallest_gpu_gib": next((g for g in GPU_SIZES_GIB if device_peak * 1.1 <= g * GIB), None),
+    }
+
+
+def _gib(b: float) -> str:
+    return f"{b / GIB:.2f}"
+
+
+def _k8s_memory(b: float) -> str:
+    """Round a byte count up to a whole Gi for a pod's memory request."""
+    return f"{int(math.ceil(b / GIB))}Gi"
+
+
+# ------------------------------------------------------------------ benchmark results
+_RATE_KEYS = ("steps_per_s", "steps_per_sec", "steps_per_second", "step_rate", "steps_s")
+
+
+def _walk(obj, ctx=None):
+    """Yield (record, context) for every dict that holds a step rate."""
+    ctx = dict(ctx or {})
+    if isinstance(obj, dict):
+        local = {k: v for k, v in obj.items() if not isinstance(v, (dict, list))}
+        ctx.update(local)
+        if any(k in obj for k in _RATE_KEYS):
+            yield obj, ctx
+        for v in obj.values():
+            if isinstance(v, (dict, list)):
+                yield from _walk(v, ctx)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _walk(v, ctx)
+
+
+def load_bench_rates(pattern: str | None = None) -> list[dict]:
+    """Step rates found in the benchmark's JSON results: one row per measured setting with the
+    fields it states (device, n, d, G, partial ...). Empty when there are none."""
+    pattern = pattern or str(REPO / "bench" / "results" / "*.json")
+    rows = []
+    for path in sorted(glob.glob(pattern)):
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        for rec, ctx in _walk(data):
+            rate = next(rec[k] for k in _RATE_KEYS if k in rec)
+            if not isinstance(rate, (int, float)) or rate <= 0:
+                continue
+            row = {"file": os.path.relpath(path, REPO), "steps_per_s": float(rate)}
+            for name, keys in {
+                "device": ("device",), "n": ("n", "rows", "n_rows"), "d": ("d", "dim"),
+                "G": ("G", "n_rollout", "rollouts"), "partial": ("partial",),
+                "algorithm": ("algorithm",),
+            }.items():
+                for k in keys:
+                    if k in ctx:
+                        row[name] = ctx[k]
+                        break
+            rows.append(row)
+    return rows
+
+
+def gpu_hours_per_shard(steps_per_s: float, n_epochs: int = 5000) -> float:
+    return n_epochs / steps_per_s / 3600.0
+
+
+# ------------------------------------------------------------------ tables
+def shards_table(corpora=DEFAULT_CORPORA, shard_rows=DEFAULT_SHARD_ROWS) -> str:
+    out = ["| rows N | rows per shard | shards (= partitions = runs) | verdict |",
+           "|---:|---:|---:|---|"]
+    for rows in corpora:
+        for s in shard_rows:
+            c = shard_count(rows, s)
+            out.append(f"| {rows:,.0f} | {s:,} | {c:,} | {partition_verdict(c)} |")
+    return "\n".join(out)
+
+
+def memory_table(settings=DEFAULT_SETTINGS) -> str:
+    out = ["| n per shard | d | G | partial | batch m | k' | embeddings GiB | Gumbel keys + masks GiB "
+           "| objective workspace GiB | estimate_memory total GiB | device peak GiB (learn vs eval) "
+           "| smallest GPU that fits (GB class, 10% headroom) | pod memory request (host) |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for n, d, g, p in settings:
+        e = gpu_estimate(n, d, g, p)
+        parts = e["parts"]
+        out.append(
+            f"| {n:,} | {d} | {g} | {p} | {e['batch']:,} | {e['k_batch']:,} "
+            f"| {_gib(parts['embeddings'])} | {_gib(parts['gumbel_keys'] + parts['masks'])} "
+            f"| {_gib(parts['objective_workspace'])} | {_gib(e['learn_total_bytes'])} "
+            f"| {_gib(e['device_peak_bytes'])} | {e['smallest_gpu_gib'] or '> 141'} "
+            f"| {_k8s_memory(e['host_bytes'])} |"
+        )
+    return "\n".join(out)
+
+
+def rates_table(rates: list[dict], n_epochs: int = 5000) -> str:
+    out = ["| source | device | n | d | G | partial | steps/s | hours per shard "
+           f"({n_epochs:,} steps) | status |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rates:
+        dev = str(r.get("device", "?"))
+        status = "measured" + (" (CPU: not a GPU rate)" if dev.startswith("cpu") else "")
+        out.append(
+            f"| {r['file']} | {dev} | {r.get('n', '?')} | {r.get('d', '?')} | {r.get('G', '?')} "
+            f"| {r.get('partial', '?')} | {r['steps_per_s']:.3g} "
+            f"| {gpu_hours_per_shard(r['steps_per_s'], n_epochs):.3g} | {status} |"
+        )
+    out.append("| **GPU (placeholder)** | cuda | 1,000,000 | 768 | 128 | 0.1 | **TO FILL from the "
+               "benchmark's GPU run** | **TO FILL** | not measured |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=float, help="corpus rows N (e.g. 2e10)")
+    ap.add_argument("--dim", type=int, default=768, help="embedding dimension d")
+    ap.add_argument("--rows-per-shard", type=float, default=1e6)
+    ap.add_argument("--rollouts", type=int, default=128, help="G (n_rollout)")
+    ap.add_argument("--partial", type=float, default=0.1)
+    ap.add_argument("--n-epochs", type=int, default=5000)
+    ap.add_argument("--bench", default=None, help="glob of benchmark result files")
+    args = ap.parse_args(argv)
+
+    if args.rows:
+        s = int(args.rows_per_shard)
+        c = shard_count(args.rows, s)
+        e = gpu_estimate(s, args.dim, args.rollouts, args.partial)
+        print(f"corpus {args.rows:,.0f} rows at d={args.dim}, {s:,} rows per shard:")
+        print(f"  shards (partitions, runs): {c:,}  -> {partition_verdict(c)}")
+        print(f"  smallest shard keeping <= {COMFORTABLE_PARTITIONS:,} partitions: "
+              f"{min_rows_per_shard(args.rows):,} rows")
+        print(f"  GPU memory per mask pod: learning {_gib(e['learn_total_bytes'])} GiB, "
+              f"peak {_gib(e['device_peak_bytes'])} GiB -> GPU of >= "
+              f"{e['smallest_gpu_gib'] or '> 141'} GiB")
+        print(f"  pod memory request (host): {_k8s_memory(e['host_bytes'])} "
+              f"(DATAMASK_K8S_GPU_MEMORY)")
+        rates = load_bench_rates(args.bench)
+        for r in rates:
+            print(f"  {r['file']}: {r['steps_per_s']:.3g} steps/s on {r.get('device', '?')} "
+                  f"(n={r.get('n', '?')}, d={r.get('d', '?')}) -> "
+                  f"{gpu_hours_per_shard(r['steps_per_s'], args.n_epochs):.3g} h per shard")
+        if not rates:
+            print("  hours per shard: no benchmark results found (bench/results/*.json)")
+        return 0
+
+    print("## Shards\n")
+    print(shards_table())
+    print("\n## Memory per mask pod (fp32)\n")
+    print(memory_table())
+    print("\n## Step rates\n")
+    print(rates_table(load_bench_rates(args.bench), args.n_epochs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
