@@ -32,7 +32,7 @@ from unittest import mock
 import dagster as dg
 import pytest
 import yaml
-from dagster._config import process_config, resolve_to_config_type, validate_config
+from dagster._config import process_config, resolve_to_config_type
 from dagster._core.definitions.reconstruct import reconstructable
 from dagster._core.errors import DagsterInvalidConfigError
 from dagster._core.execution.api import create_execution_plan
