@@ -503,9 +503,15 @@ def _unknown(keys, allowed) -> set:
     return set(keys) - set(allowed)
 
 
+GLOBAL_KEYS = {"postgresqlSecretName", "dagsterHome", "serviceAccountName",
+               "celeryConfigSecretName", "dagsterInstanceConfigMap"}
+
+
 def test_helm_values_use_the_charts_keys(helm_values):
     v = helm_values
     assert not _unknown(v, HELM_TOP)
+    assert not _unknown(v["global"], GLOBAL_KEYS)
+    assert set(v["telemetry"]) == {"enabled"} and set(v["postgresql"]) == {"enabled"}
 
     uds = v["dagster-user-deployments"]
     assert uds["enabled"] is True and uds["enableSubchart"] is True
