@@ -231,20 +231,22 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
     del ground
     alg = cfg.algorithm
 
-    # ---- report (built first: nothing is published unless every part succeeded)
-    sources = read_sources(data_root.raw_shard(key), contract.source_column, n)
-    report = build_shard_report(
-        torch.as_tensor(shard.embeddings), shard.quality, res.selected, res.history,
-        ids=shard.ids, sources=sources, lamb=cfg.lamb, algorithm=alg, reference=levels,
-        title=f"DATAMASK selection: partition {key}", topk=topk_idx, device=device,
-        extra={"partition": key, "config hash": chash, "device": res.device,
-               "steps": res.steps, "learner wall time (s)": f"{res.wall_time_s:.2f}"},
-    )
+    # ---- report (built before anything is published)
+    report = None
+    if learner.shard_report:
+        sources = read_sources(data_root.raw_shard(key), contract.source_column, n)
+        report = build_shard_report(
+            torch.as_tensor(shard.embeddings), shard.quality, res.selected, res.history,
+            ids=shard.ids, sources=sources, lamb=cfg.lamb, algorithm=alg, reference=levels,
+            title=f"DATAMASK selection: partition {key}", topk=topk_idx, device=device,
+            extra={"partition": key, "config hash": chash, "device": res.device,
+                   "steps": res.steps, "learner wall time (s)": f"{res.wall_time_s:.2f}"},
+        )
 
     # ---- publish: report files, then the mask parquet (each atomic)
     import pyarrow as pa
 
-    report_files = write_shard_report(report, data_root.report_dir(key))
+    report_files = write_shard_report(report, data_root.report_dir(key)) if report else None
     mask_uri = data_root.mask(key)
     table = pa.table({
         ID: pa.array(shard.ids),
@@ -255,6 +257,8 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
     storage.atomic_write_table(table, mask_uri, compression="zstd")
     digest = storage.sha256(mask_uri)
     storage.remove(ckpt)
+    if report is None and storage.exists(data_root.report_dir(key)):
+        storage.remove(data_root.report_dir(key), recursive=True)  # it described another run
 
     f = {name: lv["f"][alg] for name, lv in levels.items()}
     context.log.info(
@@ -290,8 +294,6 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
         "objective_history": dg.MetadataValue.json(history),
         "whole_shard_scores": dg.MetadataValue.md(scores_markdown(levels, alg, cfg.lamb)),
         "whole_shard_eval": dg.MetadataValue.json(levels),
-        "report_html": dg.MetadataValue.path(str(report_files["html"])),
-        "report": dg.MetadataValue.md(report.markdown),
         "mask_uri": dg.MetadataValue.path(str(mask_uri)),
         "sha256": digest,
     }
@@ -299,6 +301,9 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
         metadata[f"f_{name}"] = float(lv["f"][alg])
         metadata[f"f_qua_{name}"] = float(lv["f_qua"])
         metadata[f"f_div_{name}"] = float(lv["f_div"][alg])
+    if report is not None:
+        metadata["report_html"] = dg.MetadataValue.path(str(report_files["html"]))
+        metadata["report"] = dg.MetadataValue.md(report.markdown)
     metadata["gain_f_over_quality_topk"] = float(f["datamask"] - f["quality_topk"])
     metadata["gain_f_over_random"] = float(f["datamask"] - f["random"])
     return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(digest))

@@ -10,7 +10,7 @@ Catalog contents:
 
 * ``shards``: one row per registered shard with a selected subset: partition key, file URIs,
   rows before and after selection, kept fraction, mean quality before and after, and the
-  whole-shard objective of DATAMASK, quality top-k and random (from the shard report);
+  whole-shard objective of DATAMASK, quality top-k and random (recorded by the mask step);
 * ``catalog_info``: when and from where the catalog was built, and which registered shards
   have no selection yet;
 * ``selected_rows`` (local data roots): a view over all selected parquet files, every raw
@@ -44,11 +44,11 @@ SHARD_COLUMNS = [
     ("f_qua_datamask", "DOUBLE"), ("f_div_datamask", "DOUBLE"),
     ("spectrum_flatness_selected", "DOUBLE"), ("report_uri", "VARCHAR"),
 ]
-# report_metrics.json key -> catalog column
-REPORT_METRICS = {
-    "f_datamask": "f_datamask", "f_topk": "f_quality_topk", "f_random": "f_random",
+# latest ``mask`` materialization metadata key -> catalog column
+MASK_METADATA = {
+    "algorithm": "algorithm", "lamb": "lamb", "f_datamask": "f_datamask",
+    "f_quality_topk": "f_quality_topk", "f_random": "f_random",
     "f_qua_datamask": "f_qua_datamask", "f_div_datamask": "f_div_datamask",
-    "spectrum_flatness_selected": "spectrum_flatness_selected", "lamb": "lamb",
 }
 
 
@@ -69,19 +69,20 @@ def _read_json(uri: str):
         return json.loads(fh.read().decode())
 
 
-def _algorithm(key: str, instance) -> str | None:
+def mask_metadata(key: str, instance) -> dict:
+    """The whole-shard scores recorded by the latest ``mask`` materialization of ``key``."""
     recs = instance.fetch_materializations(
         dg.AssetRecordsFilter(asset_key=dg.AssetKey("mask"), asset_partitions=[key]), limit=1).records
     if not recs:
-        return None
+        return {}
     meta = recs[0].asset_materialization.metadata
-    v = meta.get("algorithm")
-    return None if v is None else str(v.value)
+    return {dst: meta[src].value for src, dst in MASK_METADATA.items() if src in meta}
 
 
 def shard_row(con, data_root: DataRoot, key: str, instance) -> dict:
     """One shard's catalog row: counts and quality from DuckDB over the features and mask
-    parquet, objective numbers from the shard report's metrics."""
+    parquet, objective numbers from the latest mask materialization, spectrum flatness from
+    the shard report (when one was written)."""
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
@@ -116,12 +117,12 @@ def shard_row(con, data_root: DataRoot, key: str, instance) -> dict:
         rows_raw=int(rows_raw), rows_selected=int(rows_sel),
         kept_fraction=(rows_sel / rows_raw) if rows_raw else None,
         quality_mean_before=q_before, quality_mean_after=q_after,
-        selected_bytes=storage.size(sel_uri), algorithm=_algorithm(key, instance),
-        report_uri=str(storage.join(report_dir, "report.html")),
+        selected_bytes=storage.size(sel_uri),
+        report_uri=str(storage.join(report_dir, "report.html")) if metrics else None,
     )
-    for src, dst in REPORT_METRICS.items():
-        if src in metrics:
-            row[dst] = float(metrics[src])
+    row.update(mask_metadata(key, instance))
+    if "spectrum_flatness_selected" in metrics:
+        row["spectrum_flatness_selected"] = float(metrics["spectrum_flatness_selected"])
     return row
 
 

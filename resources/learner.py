@@ -20,7 +20,7 @@ PRECISIONS = ("fp32", "tf32", "bf16")
 
 class MaskLearner(dg.ConfigurableResource):
     """Owns the device (auto / cpu / cuda:N), the precision, the checkpoint location and
-    cadence, and how progress is reported while the learner runs."""
+    cadence, and how progress is reported (run log while learning, shard report after)."""
 
     device: str = Field(
         default="auto",
@@ -43,6 +43,11 @@ class MaskLearner(dg.ConfigurableResource):
     progress_every: int = Field(
         default=0,
         description="Record the objective curve every this many steps (0: n_epochs / 100).",
+    )
+    shard_report: bool = Field(
+        default=True,
+        description="After learning, write the shard report (HTML, PNG figures, metrics JSON) "
+        "under <data root>/reports/<key>/ and link it in the metadata.",
     )
     log_interval_s: float = Field(
         default=10.0,

@@ -52,7 +52,8 @@ def resources(data_root) -> dict:
     return {
         "data_root": data_root,
         "contract": DataContract(expected_dim=DIM, quality_min=0.0, quality_max=1.0),
-        "learner": MaskLearner(device="cpu", checkpoint_every=10, log_interval_s=0.05),
+        "learner": MaskLearner(device="cpu", checkpoint_every=10, log_interval_s=0.05,
+                               shard_report=False),
         "duckdb": DuckDBResource(database=":memory:"),
     }
 

@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from assets.learn import MaskConfig
 from assets.validate import CHECKS
+from resources.learner import MaskLearner
 
 from .helpers import ALL_ASSETS, DIM, ROWS, TINY, temp_leftovers, tree_bytes
 
@@ -28,8 +29,9 @@ def _mats(result) -> dict:
     return {e.asset_key.to_user_string(): e.materialization for e in result.get_asset_materialization_events()}
 
 
-def test_chain_per_partition(registered, run_chain, data_root):
-    for key in registered[:2]:
+def test_chain_per_partition(registered, run_chain, data_root, resources):
+    for key, report in ((registered[0], True), (registered[1], False)):
+        resources["learner"] = MaskLearner(device="cpu", log_interval_s=0.05, shard_report=report)
         result = run_chain(key)
         assert result.success
         evals = result.get_asset_check_evaluations()
@@ -75,8 +77,12 @@ def test_chain_per_partition(registered, run_chain, data_root):
         assert len(mmeta["objective_history"].value) > 0
         assert "| step |" in mmeta["objective_curve"].value
         assert mmeta["memory_estimate_bytes"].value > 0
-        assert os.path.isfile(mmeta["report_html"].value)
-        assert os.path.isfile(os.path.join(data_root.report_dir(key), "report_metrics.json"))
+        if report:  # the shard report, linked from the metadata
+            assert os.path.isfile(mmeta["report_html"].value)
+            assert "DATAMASK" in mmeta["report"].value
+            assert os.path.isfile(os.path.join(data_root.report_dir(key), "report_metrics.json"))
+        else:
+            assert "report_html" not in mmeta and not os.path.exists(data_root.report_dir(key))
         # upstream data version recorded: what makes the UI show the mask stale when features change
         assert mats["mask"].tags["dagster/input_data_version/features"]
         assert not os.path.exists(data_root.checkpoint(key))  # removed once published
@@ -117,10 +123,10 @@ def test_corpus_summary_catalog(registered, run_chain, instance, resources, data
     assert registered[0] in meta["per_shard"].value
     path = data_root.catalog()
     with duckdb.connect(path, read_only=True) as con:
-        rows = con.execute("SELECT partition_key, rows_raw, rows_selected, algorithm, f_datamask "
-                           "FROM shards ORDER BY 1").fetchall()
+        rows = con.execute("SELECT partition_key, rows_raw, rows_selected, algorithm, f_datamask, "
+                           "f_quality_topk, f_random FROM shards ORDER BY 1").fetchall()
         assert [r[:4] for r in rows] == [(k, ROWS, K, "DiSF") for k in registered[:2]]
-        assert all(math.isfinite(r[4]) for r in rows)
+        assert all(math.isfinite(v) for r in rows for v in r[4:])
         by_shard = con.execute("SELECT partition_key, count(*), count(DISTINCT text) > 0 "
                                "FROM selected_rows GROUP BY 1 ORDER BY 1").fetchall()
         assert by_shard == [(k, K, True) for k in registered[:2]]
