@@ -471,14 +471,15 @@ def _figure_projection(coords, ratio, sel_s, topk_s, n_total: int) -> bytes:
     sel_only = sel_s & ~topk_s
     topk_only = topk_s & ~sel_s
     neither = ~(sel_s | topk_s)
-    # Drawing order: "both" first among the coloured groups, so the rows where the two
-    # selections differ (top-k only = near-duplicates DATAMASK dropped, DATAMASK only = what it
-    # took instead) are drawn on top and never hidden under the shared ones.
+    # Drawing order: "both" first among the coloured groups and with larger markers, so the
+    # rows where the two selections differ (top-k only = near-duplicates DATAMASK dropped,
+    # DATAMASK only = what it took instead) are drawn on top, while a shared near-duplicate
+    # cluster (which projects to one spot) still shows as a purple ring around them.
     groups = [
         (neither, COLORS["neither"], 5, 0.5, "neither"),
-        (both, COLORS["both"], 10, 0.75, "both"),
-        (topk_only, COLORS["topk"], 12, 0.9, "quality top-k only"),
-        (sel_only, COLORS["datamask"], 12, 0.9, "DATAMASK only"),
+        (both, COLORS["both"], 42, 0.65, "both"),
+        (topk_only, COLORS["topk"], 13, 0.9, "quality top-k only"),
+        (sel_only, COLORS["datamask"], 11, 0.9, "DATAMASK only"),
     ]
     for m, c, s, a, label in groups:
         ax.scatter(coords[m, 0], coords[m, 1], s=s, c=c, alpha=a, linewidths=0,
@@ -488,7 +489,9 @@ def _figure_projection(coords, ratio, sel_s, topk_s, n_total: int) -> bytes:
     shown = coords.shape[0]
     sub = f"{shown:,} of {n_total:,} rows" if shown < n_total else f"all {n_total:,} rows"
     ax.set_title(f"PCA of unit-normalised embeddings ({sub})", fontsize=10.5)
-    leg = ax.legend(fontsize=8.5, frameon=True, framealpha=0.85, loc="best", markerscale=1.8)
+    leg = ax.legend(fontsize=8.5, frameon=True, framealpha=0.85, loc="best")
+    for h in leg.legend_handles:
+        h.set_sizes([36])
     leg.get_frame().set_linewidth(0)
     _style(ax)
     fig.tight_layout()
@@ -548,7 +551,6 @@ def _figure_sources(ret: dict, kept_fraction: float) -> bytes:
         ax1.bar(xs + o, vals, width=w, color=c, label=label)
     ax1.set_title("Share of each set by source", fontsize=10.5)
     ax1.set_ylabel("share", fontsize=9.5)
-    ax1.legend(fontsize=8.5, frameon=False)
     ret_sets = [(sel / np.maximum(rows, 1), COLORS["datamask"], "DATAMASK")]
     if tk is not None:
         ret_sets.append((tk / np.maximum(rows, 1), COLORS["topk"], "quality top-k"))
@@ -560,10 +562,19 @@ def _figure_sources(ret: dict, kept_fraction: float) -> bytes:
                 ax2.text(b.get_x() + b.get_width() / 2, b.get_height(), f"{100 * v:.0f}%",
                          ha="center", va="bottom", fontsize=7.5)
     ax2.axhline(kept_fraction, color="#444444", ls=":", lw=1.1,
-                label=f"overall kept fraction ({100 * kept_fraction:.1f}%)")
+                label=f"overall ({100 * kept_fraction:.1f}%)")
     ax2.set_title("Retention: kept rows / source rows", fontsize=10.5)
     ax2.set_ylabel("retention", fontsize=9.5)
-    ax2.legend(fontsize=8.5, frameon=False)
+    from matplotlib.ticker import PercentFormatter
+
+    tops = {ax1: max(float(np.max(v)) for v, _, _ in share),
+            ax2: max([float(np.max(v)) for v, _, _ in ret_sets] + [kept_fraction])}
+    for ax in (ax1, ax2):
+        # headroom above the tallest bar for a one-row legend that never covers a bar
+        ax.set_ylim(0, 1.32 * tops[ax] if tops[ax] > 0 else 1.0)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
+        ax.legend(fontsize=8.2, frameon=False, loc="upper center", ncol=3,
+                  bbox_to_anchor=(0.5, 1.0), handlelength=1.6, columnspacing=1.2)
     for ax in (ax1, ax2):
         ax.set_xticks(xs)
         ax.set_xticklabels([n if len(n) <= 18 else n[:17] + "…" for n in names],
@@ -585,7 +596,9 @@ FIGURE_CAPTIONS = {
     "quality": "Quality distribution of the shard, the selected subset and the quality top-k "
                "subset (each histogram normalised to unit area).",
     "projection": "2-D PCA of the unit-normalised embeddings, coloured by membership. Quality "
-                  "top-k tends to crowd into a few regions; a joint selection spreads out.",
+                  "top-k tends to crowd into a few regions; a joint selection spreads out. "
+                  "A tight cluster of near-duplicates projects to a single spot, so many rows "
+                  "can hide under one marker: the legend's counts are exact.",
     "spectrum": "Eigen-spectrum of each subset's correlation matrix (DiSF's view of "
                 "dimensional collapse). Flatness = exp(spectral entropy)/d = effective rank/d: "
                 "1 is perfectly flat, 1/d is collapsed onto one direction. A subset of k rows "
