@@ -207,7 +207,14 @@ def _figure(rows: list[dict]) -> bytes:
         ax3.plot(xs, greedy_gain, ls="none", marker="_", ms=max(5.0, min(22.0, 260.0 / max(1, s))), mew=2.2, color=COLORS["greedy"],
                  label="greedy − top-k (reference)")
     ax3.axhline(0.0, color="#444444", lw=0.9)
-    ax3.legend(**side)
+    if np.nanmin(np.append(gain, 0.0)) < 0:  # explain the orange bars
+        from matplotlib.patches import Patch
+
+        handles, _ = ax3.get_legend_handles_labels()
+        handles.append(Patch(color=COLORS["topk"], label="DATAMASK − top-k < 0 (top-k better)"))
+        ax3.legend(handles=handles, **side)
+    else:
+        ax3.legend(**side)
     ax3.set_ylabel("f − f(quality top-k)", fontsize=9.5)
     ax3.set_title("Objective gain over quality top-k (whole shard; > 0: DATAMASK better)",
                   fontsize=10.5)

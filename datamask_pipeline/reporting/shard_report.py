@@ -713,13 +713,13 @@ def build_shard_report(
         random = random_selection(n, k, seed=0)
     random_mask = as_mask(random, n)
     spectra = {
-        "datamask": correlation_spectrum(xt[torch.as_tensor(sel)], device=device),
-        "topk": correlation_spectrum(xt[torch.as_tensor(topk_mask)], device=device),
-        "random": correlation_spectrum(xt[torch.as_tensor(random_mask)], device=device),
+        "datamask": correlation_spectrum(xt[torch.as_tensor(sel, device=xt.device)], device=device),
+        "topk": correlation_spectrum(xt[torch.as_tensor(topk_mask, device=xt.device)], device=device),
+        "random": correlation_spectrum(xt[torch.as_tensor(random_mask, device=xt.device)], device=device),
         "shard": correlation_spectrum(xt, device=device),
     }
     if greedy is not None:
-        spectra["greedy"] = correlation_spectrum(xt[torch.as_tensor(as_mask(greedy, n))], device=device)
+        spectra["greedy"] = correlation_spectrum(xt[torch.as_tensor(as_mask(greedy, n), device=xt.device)], device=device)
     flat = {kk: spectral_flatness(v) for kk, v in spectra.items()}
     metrics["spectrum_flatness_selected"] = flat["datamask"]
     metrics["spectrum_flatness_topk"] = flat["topk"]

@@ -106,7 +106,7 @@ def test_links_are_the_only_hyperlinks_and_are_escaped(shards):
 
 def test_partial_and_mixed_metrics(shards):
     (run0, m0), (_, m1) = shards["shard_000"], shards["shard_001"]
-    m1 = dict(m1, lamb=0.2)
+    m1 = dict(m1, lamb=0.2, gain_f_over_topk=-0.01)  # top-k better on this one
     partial = {"n_rows": 100.0, "k_selected": 10.0}  # a shard whose report lacks the rest
     broken = {"n_rows": float("nan"), "f_datamask": "oops"}
     rep = build_corpus_report({"a": m0, "b": m1, "c": partial, "d": broken})
@@ -120,6 +120,8 @@ def test_partial_and_mixed_metrics(shards):
     w = m0["n_rows"] * m0["quality_mean_shard"] + m1["n_rows"] * m1["quality_mean_shard"]
     assert t["quality_mean_before"] == pytest.approx(w / (m0["n_rows"] + m1["n_rows"]))
     assert t["shards_with_gain"] == 2
+    assert t["shards_beating_topk"] == float(m0["gain_f_over_topk"] > 0)
+    assert t["gain_f_over_topk_min"] == -0.01
     assert "lamb" not in t and t["lamb_values"] == 2
     assert "different λ" in rep.html and "different λ" in rep.markdown
     assert all(math.isfinite(v) for v in t.values())

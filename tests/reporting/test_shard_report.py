@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from datamask_pipeline.engine import storage
@@ -141,9 +142,18 @@ def test_metrics_are_finite_floats_with_the_expected_keys(report, shard_run):
 
 
 def test_scores_without_a_datamask_reference_are_computed_on_the_whole_shard(shard_run):
+    # the pipeline's call: a torch tensor of embeddings, numpy quality, no random / greedy subset
     ref = {k: v for k, v in shard_run.reference.items() if k != "datamask"}
     ref["topk"] = ref.pop("quality_topk")  # the alias works too
-    rep = _report(shard_run, reference=ref, sources=None, greedy=None)
+    rep = build_shard_report(torch.as_tensor(shard_run.x), shard_run.q, shard_run.result.selected,
+                             shard_run.result.history, ids=shard_run.ids, lamb=shard_run.lamb,
+                             algorithm=shard_run.algorithm, reference=ref, title="t",
+                             topk=shard_run.topk_idx, device=torch.device("cpu"))
+    from datamask_pipeline.engine.baselines import random_selection
+
+    rnd = random_selection(len(shard_run.q), shard_run.k, seed=0)  # the documented default
+    assert rep.metrics["spectrum_flatness_random"] == pytest.approx(
+        spectral_flatness(correlation_spectrum(shard_run.x[rnd])))
     dm = shard_run.reference["datamask"]
     assert rep.metrics["f_datamask"] == pytest.approx(dm["f"][shard_run.algorithm], rel=1e-5)
     assert rep.metrics["f_qua_datamask"] == pytest.approx(dm["f_qua"], rel=1e-6)
