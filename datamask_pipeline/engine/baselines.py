@@ -28,7 +28,7 @@ from typing import Callable, Dict
 import numpy as np
 import torch
 
-from .objectives import DISF_STD_FLOOR, default_mem_budget
+from .objectives import DISF_STD_FLOOR, default_mem_budget, tensor_of
 
 __all__ = ["random_selection", "quality_topk", "greedy", "GREEDY", "register_greedy"]
 
@@ -69,11 +69,11 @@ def _prepare(x, q, device, dtype):
     from .learner import resolve_device
 
     dev = resolve_device(device)
-    xt = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
+    xt = tensor_of(x)
     if dtype is None:
         dtype = torch.float64 if xt.dtype == torch.float64 else torch.float32
     xt = xt.to(device=dev, dtype=dtype)
-    qt = (q if torch.is_tensor(q) else torch.as_tensor(np.asarray(q))).to(device=dev, dtype=dtype)
+    qt = tensor_of(q).to(device=dev, dtype=dtype)
     if xt.ndim != 2 or qt.shape != (xt.shape[0],):
         raise ValueError(f"x must be (n, d) and q (n,), got {tuple(xt.shape)} and {tuple(qt.shape)}")
     return xt, qt

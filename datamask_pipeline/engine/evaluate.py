@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .objectives import DIVERSITY, Batch, diversity_fn, quality
+from .objectives import DIVERSITY, Batch, diversity_fn, quality, tensor_of
 
 ALL_TERMS = ("DiSF", "Facility", "Pair_simi")
 
@@ -32,7 +32,7 @@ def as_indices(selected, n: int) -> np.ndarray:
 
 
 def _tensor(a, device, dtype=None) -> torch.Tensor:
-    t = a if torch.is_tensor(a) else torch.as_tensor(np.asarray(a))
+    t = tensor_of(a)
     if dtype is None:
         dtype = torch.float64 if t.dtype == torch.float64 else torch.float32
     return t.to(device=device, dtype=dtype)

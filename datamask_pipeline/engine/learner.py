@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .config import ConfigError, LearnerConfig
-from .objectives import Batch, default_mem_budget, score
+from .objectives import Batch, default_mem_budget, score, tensor_of
 
 CHECKPOINT_FORMAT = 1
 
@@ -262,8 +262,8 @@ def learn(
     """
     t_start = time.perf_counter()
     dev = resolve_device(device)
-    x = torch.as_tensor(np.asarray(x) if not torch.is_tensor(x) else x)
-    q = torch.as_tensor(np.asarray(q) if not torch.is_tensor(q) else q)
+    x = tensor_of(x)
+    q = tensor_of(q)
     if x.ndim != 2 or q.ndim != 1 or x.shape[0] != q.shape[0]:
         raise ValueError(f"x must be (n, d) and q (n,), got {tuple(x.shape)} and {tuple(q.shape)}")
     n, d = x.shape
@@ -331,6 +331,9 @@ def learn(
         qrank[order] = np.arange(P, dtype=np.float32)
         logits[pool] = torch.as_tensor(-qrank, device=dev)
         start_step = end_step = T
+        exact_topk = True
+    else:
+        exact_topk = False
     run_start = time.perf_counter()
     eval_time = 0.0
     prior_elapsed = history[-1]["elapsed_s"] if history else 0.0
@@ -368,7 +371,7 @@ def learn(
             eval_time += time.perf_counter() - t0
         if checkpoint_path and checkpoint_every and done % checkpoint_every == 0 and done < end_step:
             checkpoint(done)
-    steps_done = end_step
+    steps_done = 0 if exact_topk else end_step
     if checkpoint_path and (checkpoint_every or max_steps is not None) and end_step > start_step:
         checkpoint(end_step)
 

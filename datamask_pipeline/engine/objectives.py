@@ -31,6 +31,19 @@ def register_diversity(name: str):
     return deco
 
 
+def tensor_of(a) -> torch.Tensor:
+    """``a`` as a CPU tensor without a copy when possible; read-only numpy arrays (pyarrow's
+    zero-copy views) are copied, since torch cannot share memory it may not write."""
+    if torch.is_tensor(a):
+        return a
+    import numpy as np
+
+    arr = np.asarray(a)
+    if not arr.flags.writeable:
+        arr = arr.copy()
+    return torch.as_tensor(arr)
+
+
 def default_mem_budget(device: torch.device) -> int:
     return (2 << 30) if device.type == "cuda" else (256 << 20)
 

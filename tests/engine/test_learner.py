@@ -251,6 +251,7 @@ def test_lambda_one_is_exactly_quality_topk():
                             n_rollout=8, partial=0.5, init=init)
         res = learn(x, q, cfg, device="cpu", ids=ids)
         assert set(np.flatnonzero(res.selected)) == set(quality_topk(q, 30, ids))
+        assert res.steps == 0 and res.history == []
 
 
 # ------------------------------------------------------------- progress
