@@ -219,29 +219,30 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
         context.log.info(f"resumed from the checkpoint at step {res.resumed_from} ({ckpt})")
     k = int(res.selected.sum())
 
-    # ---- whole-shard scores (V = all n rows) of DATAMASK and the reference selections
-    ground = make_ground_set(shard.embeddings, shard.quality, device=device)
-    topk_idx = quality_topk(shard.quality, k, shard.ids)
-    rand_idx = random_selection(n, k, seed=cfg.seed)
+    with learner.session():
+        # ---- whole-shard scores (V = all n rows) of DATAMASK and the reference selections
+        ground = make_ground_set(shard.embeddings, shard.quality, device=device)
+        topk_idx = quality_topk(shard.quality, k, shard.ids)
+        rand_idx = random_selection(n, k, seed=cfg.seed)
 
-    def ev(sel):
-        return evaluate_selection(None, None, sel, lamb=cfg.lamb, terms=(cfg.algorithm,), ground=ground)
+        def ev(sel):
+            return evaluate_selection(None, None, sel, lamb=cfg.lamb, terms=(cfg.algorithm,), ground=ground)
 
-    levels = {"datamask": ev(res.selected_idx), "quality_topk": ev(topk_idx), "random": ev(rand_idx)}
-    del ground
-    alg = cfg.algorithm
+        levels = {"datamask": ev(res.selected_idx), "quality_topk": ev(topk_idx), "random": ev(rand_idx)}
+        del ground
+        alg = cfg.algorithm
 
-    # ---- report (built before anything is published)
-    report = None
-    if learner.shard_report:
-        sources = read_sources(data_root.raw_shard(key), contract.source_column, n)
-        report = build_shard_report(
-            torch.as_tensor(shard.embeddings), shard.quality, res.selected, res.history,
-            ids=shard.ids, sources=sources, lamb=cfg.lamb, algorithm=alg, reference=levels,
-            title=f"DATAMASK selection: partition {key}", topk=topk_idx, device=device,
-            extra={"partition": key, "config hash": chash, "device": res.device,
-                   "steps": res.steps, "learner wall time (s)": f"{res.wall_time_s:.2f}"},
-        )
+        # ---- report (built before anything is published)
+        report = None
+        if learner.shard_report:
+            sources = read_sources(data_root.raw_shard(key), contract.source_column, n)
+            report = build_shard_report(
+                torch.as_tensor(shard.embeddings), shard.quality, res.selected, res.history,
+                ids=shard.ids, sources=sources, lamb=cfg.lamb, algorithm=alg, reference=levels,
+                title=f"DATAMASK selection: partition {key}", topk=topk_idx, device=device,
+                extra={"partition": key, "config hash": chash, "device": res.device,
+                       "steps": res.steps, "learner wall time (s)": f"{res.wall_time_s:.2f}"},
+            )
 
     # ---- publish: report files, then the mask parquet (each atomic)
     import pyarrow as pa

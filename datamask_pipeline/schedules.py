@@ -82,13 +82,17 @@ def stale_reason(instance: dg.DagsterInstance, key: str, data_root: DataRoot,
 )
 def refresh_stale_shards(context: dg.ScheduleEvaluationContext, data_root: DataRoot):
     expected = scheduled_config_hash()
+    # One run per shard and tick: the run key dedupes re-evaluations of the same tick, while
+    # a shard that is still stale at the next tick gets a new run.
+    tick = context.scheduled_execution_time.isoformat()
     requests = []
     for key in sorted(context.instance.get_dynamic_partitions(PARTITIONS_NAME)):
         reason = stale_reason(context.instance, key, data_root, expected)
         if reason is None:
             continue
         context.log.info(f"{key}: {reason}")
-        requests.append(dg.RunRequest(partition_key=key, tags={"datamask/reason": reason[:200]}))
+        requests.append(dg.RunRequest(partition_key=key, run_key=f"{key}@{tick}",
+                                      tags={"datamask/reason": reason[:200]}))
     if not requests:
         return dg.SkipReason("every registered shard has an up-to-date selection")
     return requests

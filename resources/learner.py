@@ -44,6 +44,11 @@ class MaskLearner(dg.ConfigurableResource):
         default=0,
         description="Record the objective curve every this many steps (0: n_epochs / 100).",
     )
+    cpu_threads: int = Field(
+        default=0,
+        description="torch intra-op threads while the step computes on CPU (0: torch's "
+        "default, all cores). Set 1 when several partitions run side by side on one machine.",
+    )
     shard_report: bool = Field(
         default=True,
         description="After learning, write the shard report (HTML, PNG figures, metrics JSON) "
@@ -86,19 +91,26 @@ class MaskLearner(dg.ConfigurableResource):
         return storage.safe_child(self.checkpoint_dir, f"{key}.pt", allow_subdirs=False)
 
     @contextlib.contextmanager
-    def _precision_mode(self, device):
+    def session(self):
+        """The compute settings of this resource for the enclosed torch work: TF32 matmuls
+        (precision tf32 on CUDA) and the CPU thread count; restored afterwards."""
         import torch
 
-        if self.precision.strip().lower() != "tf32" or device.type != "cuda":
-            yield
-            return
-        old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+        device = self.torch_device()
+        tf32 = self.precision.strip().lower() == "tf32" and device.type == "cuda"
+        old_tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        old_threads = torch.get_num_threads()
+        if tf32:
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        if self.cpu_threads > 0 and device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)
         try:
-            yield
+            yield device
         finally:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old_tf32
+            if torch.get_num_threads() != old_threads:
+                torch.set_num_threads(old_threads)
 
     def estimate(self, n: int, d: int, cfg) -> dict:
         """The engine's pre-flight memory estimate on this device and precision (raises
@@ -116,10 +128,9 @@ class MaskLearner(dg.ConfigurableResource):
         ``log`` at most every ``log_interval_s`` seconds (plus the first and the last)."""
         from datamask_pipeline.engine.learner import learn
 
-        device = self.torch_device()
         dtype = self.dtype()
         reporter = ProgressLog(log, self.log_interval_s) if log is not None else None
-        with self._precision_mode(device):
+        with self.session() as device:
             return learn(
                 x, q, cfg, ids=ids, device=device, dtype=dtype,
                 checkpoint_path=checkpoint_path,

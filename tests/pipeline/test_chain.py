@@ -31,7 +31,8 @@ def _mats(result) -> dict:
 
 def test_chain_per_partition(registered, run_chain, data_root, resources):
     for key, report in ((registered[0], True), (registered[1], False)):
-        resources["learner"] = MaskLearner(device="cpu", log_interval_s=0.05, shard_report=report)
+        resources["learner"] = MaskLearner(device="cpu", cpu_threads=1, log_interval_s=0.5,
+                                         shard_report=report)
         result = run_chain(key)
         assert result.success
         evals = result.get_asset_check_evaluations()
