@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from .config import INITS, TERM_NORMS, ConfigError, LearnerConfig
+from .config import INITS, SOLVERS, TERM_NORMS, ConfigError, LearnerConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex = p.add_argument_group("extensions")
     ex.add_argument("--seed", type=int, default=0)
     ex.add_argument("--term_norm", "--term-norm", default="none", choices=TERM_NORMS)
+    ex.add_argument("--solver", default=LearnerConfig.solver, choices=SOLVERS,
+                    help="paper: the learner alone; paper+polish: then a swap local search "
+                         "on the whole-shard objective (never lowers f)")
     ex.add_argument("--prune_ratio", "--prune-ratio", type=float, default=0.0,
                     help="drop this bottom fraction by quality before learning")
     ex.add_argument("--id-column", default="chunk_id")
@@ -99,7 +102,7 @@ def run(args) -> dict:
         algorithm=args.algorithm, lamb=args.lamb, select_ratio=args.select_ratio,
         n_epochs=args.n_epochs, n_rollout=args.n_rollout, partial=args.partial,
         max_lr=args.max_lr, min_lr=args.min_lr, init=args.init, prune_ratio=args.prune_ratio,
-        term_norm=args.term_norm, seed=args.seed,
+        term_norm=args.term_norm, seed=args.seed, solver=args.solver,
     )
     cfg.validate()
     device = resolve_device(args.device)
@@ -155,6 +158,7 @@ def run(args) -> dict:
         "steps": res.steps,
         "resumed_from": res.resumed_from,
         "learn_time_s": round(res.wall_time_s, 3),
+        "polish": res.polish,
         "total_time_s": None,
         "config": cfg.to_dict(),
         "config_hash": res.config_hash,

@@ -18,7 +18,10 @@ ALGORITHM_ALIASES = {
 }
 TERM_NORMS = ("none", "standardize")
 INITS = ("same", "quality")
-SOLVERS = ("paper",)
+# "paper": the policy-gradient learner alone (method.md sections 3-5).
+# "paper+polish": the learner, then a swap local search on the whole-shard objective
+# (engine/polish.py) that starts from the learner's read-out and never lowers f.
+SOLVERS = ("paper", "paper+polish")
 
 
 class ConfigError(ValueError):

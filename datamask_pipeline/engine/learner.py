@@ -86,6 +86,7 @@ class LearnResult:
     resumed_from: int | None = None
     config_hash: str = ""
     sizes: dict = field(default_factory=dict)
+    polish: dict | None = None  # solver "paper+polish": what the polish did
 
     @property
     def selected_idx(self) -> np.ndarray:
@@ -377,8 +378,14 @@ def learn(
 
     logits_np = logits.cpu().numpy().astype(np.float32)
     selected, rank = readout(logits_np, k, ids)
+    polish_info = None
+    if cfg.solver == "paper+polish" and end_step == T:
+        from .polish import polish_readout
+
+        selected, rank, polish_info = polish_readout(
+            x, q, logits_np, selected, cfg, ids=ids, device=dev, mem_budget=mem_budget)
     return LearnResult(
         selected=selected, logits=logits_np, rank=rank, history=history, steps=steps_done,
         wall_time_s=time.perf_counter() - t_start, device=str(dev), resumed_from=resumed_from,
-        config_hash=chash, sizes=sz,
+        config_hash=chash, sizes=sz, polish=polish_info,
     )

@@ -1,0 +1,181 @@
+"""The swap local search ("polish", solver "paper+polish") against brute force on tiny
+inputs: the exact best swap, local optimality, never lowering the whole-shard f, exactly k
+samples, determinism, the pool restriction, chunking, and the learner / CLI hook."""
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from datamask_pipeline.engine.baselines import greedy, quality_topk
+from datamask_pipeline.engine.config import ConfigError, LearnerConfig
+from datamask_pipeline.engine.evaluate import evaluate_selection
+from datamask_pipeline.engine.learner import learn
+from datamask_pipeline.engine.polish import best_swap, polish
+from datamask_pipeline.engine.sample import make_table
+
+from .test_cli import run_cli
+
+TERMS = ("DiSF", "Facility", "Pair_simi")
+
+
+def _data(n, d, seed):
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(3, d))
+    x = centers[rng.integers(0, 3, n)] + 0.6 * rng.normal(size=(n, d))
+    q = rng.random(n)
+    return x, q  # float64: polish then works in float64
+
+
+def _f(x, q, sel, term, lamb):
+    return evaluate_selection(x, q, np.asarray(sel), lamb=lamb, terms=(term,))["f"][term]
+
+
+def _brute_best_swap(x, q, sel, term, lamb, allowed=None):
+    sel = list(map(int, sel))
+    base = _f(x, q, sel, term, lamb)
+    best = (None, None, -np.inf)
+    for o in sel:
+        for j in range(len(q)):
+            if j in sel or (allowed is not None and not allowed[j]):
+                continue
+            g = _f(x, q, sorted(set(sel) - {o} | {j}), term, lamb) - base
+            if g > best[2]:
+                best = (o, j, g)
+    return best
+
+
+@pytest.mark.parametrize("term", TERMS)
+@pytest.mark.parametrize("lamb", [0.2, 0.5, 0.8])
+def test_best_swap_equals_brute_force(term, lamb):
+    x, q = _data(26, 5, seed=hash((term, lamb)) % 997)
+    sel = np.random.default_rng(1).choice(26, size=6, replace=False)
+    o, j, gain = best_swap(x, q, sel, term, lamb)
+    bo, bj, bgain = _brute_best_swap(x, q, sel, term, lamb)
+    assert (o, j) == (bo, bj)
+    assert gain == pytest.approx(bgain, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("term", TERMS)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_polish_ends_at_a_swap_local_optimum_and_never_lowers_f(term, seed):
+    x, q = _data(30, 5, seed=seed)
+    k = 7
+    start = np.random.default_rng(seed + 10).choice(30, size=k, replace=False)
+    res = polish(x, q, start, term, 0.5, disf_exact_outs=k)
+    f0, f1 = _f(x, q, start, term, 0.5), _f(x, q, res.selected, term, 0.5)
+    assert f1 >= f0
+    assert res.f_start == pytest.approx(f0, rel=1e-9)
+    assert res.f_end == pytest.approx(f1, rel=1e-9)
+    assert res.converged
+    # no single swap improves the result (brute force over all k * (n - k) swaps)
+    assert _brute_best_swap(x, q, res.selected, term, 0.5)[2] <= 1e-10
+    # exactly k distinct valid indices
+    assert res.selected.size == k and np.unique(res.selected).size == k
+    assert res.selected.min() >= 0 and res.selected.max() < 30
+
+
+@pytest.mark.parametrize("term", TERMS)
+def test_polish_is_deterministic_and_keeps_k(term):
+    x, q = _data(300, 8, seed=3)
+    x = x.astype(np.float32)
+    k = 30
+    start = quality_topk(q, k)
+    a = polish(x, q, start, term, 0.5)
+    b = polish(x, q, start, term, 0.5)
+    np.testing.assert_array_equal(a.selected, b.selected)
+    assert a.selected.size == k and np.unique(a.selected).size == k
+    assert _f(x, q, a.selected, term, 0.5) >= _f(x, q, start, term, 0.5) - 1e-6
+
+
+@pytest.mark.parametrize("term", TERMS)
+def test_polish_of_greedy_is_at_least_greedy(term):
+    x, q = _data(200, 6, seed=4)
+    k = 20
+    g = greedy(x, q, k, term, 0.5)
+    res = polish(x, q, g, term, 0.5)
+    assert _f(x, q, res.selected, term, 0.5) >= _f(x, q, g, term, 0.5) - 1e-12
+
+
+@pytest.mark.parametrize("term", TERMS)
+def test_polish_only_admits_allowed_samples(term):
+    x, q = _data(40, 5, seed=6)
+    allowed = np.ones(40, dtype=bool)
+    allowed[np.argsort(-q)[:10]] = False  # forbid the ten best by quality
+    start = np.flatnonzero(allowed)[:6]
+    res = polish(x, q, start, term, 0.5, allowed=allowed, disf_exact_outs=6)
+    assert allowed[res.selected].all()
+    assert _brute_best_swap(x, q, res.selected, term, 0.5, allowed)[2] <= 1e-10
+
+
+def test_facility_polish_chunked_matches_unchunked():
+    x, q = _data(200, 6, seed=7)
+    start = quality_topk(q, 20)
+    a = polish(x, q, start, "Facility", 0.5)
+    b = polish(x, q, start, "Facility", 0.5, mem_budget=200 * 8 * 40)  # a few columns a block
+    assert _f(x, q, b.selected, "Facility", 0.5) == pytest.approx(
+        _f(x, q, a.selected, "Facility", 0.5), abs=1e-3)
+    assert b.converged and _brute_best_swap(x, q, b.selected, "Facility", 0.5)[2] <= 1e-10
+
+
+def test_polish_is_a_no_op_at_lambda_one_and_respects_budgets():
+    x, q = _data(100, 5, seed=8)
+    start = np.arange(10)
+    res = polish(x, q, start, "Pair_simi", 1.0)
+    np.testing.assert_array_equal(res.selected, start)
+    res = polish(x, q, start, "Pair_simi", 0.5, max_rounds=1)
+    assert res.rounds == 1 and _f(x, q, res.selected, "Pair_simi", 0.5) >= _f(x, q, start, "Pair_simi", 0.5)
+
+
+def test_polish_progress_reports_rising_f():
+    x, q = _data(300, 8, seed=9)
+    seen = []
+    polish(x, q, quality_topk(q, 30), "DiSF", 0.5, on_progress=lambda t, f, s: seen.append(f))
+    assert seen and all(b >= a for a, b in zip(seen, seen[1:]))
+
+
+# ------------------------------------------------------------- learner hook
+def test_solver_is_validated():
+    with pytest.raises(ConfigError, match="solver"):
+        LearnerConfig(solver="annealing").validate()
+    LearnerConfig(solver="paper+polish").validate()
+
+
+@pytest.mark.parametrize("term", TERMS)
+def test_learner_paper_plus_polish(term):
+    x, q = _data(400, 8, seed=11)
+    x = x.astype(np.float32)
+    cfg = LearnerConfig(algorithm=term, n_epochs=30, n_rollout=16, partial=0.25, seed=1)
+    plain = learn(x, q, cfg, device="cpu")
+    pol = learn(x, q, cfg.replace(solver="paper+polish"), device="cpu")
+    np.testing.assert_array_equal(plain.logits, pol.logits)  # same learning, then polish
+    assert plain.polish is None and pol.polish["k"] == plain.selected.sum()
+    assert pol.selected.sum() == plain.selected.sum()
+    np.testing.assert_array_equal(pol.rank < pol.selected.sum(), pol.selected)
+    assert _f(x, q, pol.selected_idx, term, 0.5) >= _f(x, q, plain.selected_idx, term, 0.5) - 1e-6
+
+
+def test_learner_polish_keeps_quality_pruning():
+    x, q = _data(400, 8, seed=12)
+    cfg = LearnerConfig(algorithm="Pair_simi", n_epochs=20, n_rollout=16, partial=0.25,
+                        prune_ratio=0.5, solver="paper+polish")
+    res = learn(x.astype(np.float32), q, cfg, device="cpu")
+    kept = np.argsort(-q)[:200]
+    assert set(res.selected_idx) <= set(kept)
+
+
+def test_cli_solver_flag(tmp_path):
+    shard = tmp_path / "in.parquet"
+    pq.write_table(make_table(400, dim=16, seed=2), shard)
+    out = tmp_path / "out.parquet"
+    r = run_cli("--input", str(shard), "--output", str(out), "--device", "cpu", "--n_epochs", "20",
+                "--algorithm", "Facility", "--partial", "0.25", "--n_rollout", "16",
+                "--select_ratio", "0.1", "--solver", "paper+polish", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["config"]["solver"] == "paper+polish"
+    assert summary["polish"]["k"] == summary["k"] == 40
+    assert pq.read_table(out).num_rows == 40
+    bad = run_cli("--input", str(shard), "--output", str(out), "--solver", "nope")
+    assert bad.returncode != 0
