@@ -39,4 +39,8 @@ defs = dg.Definitions(
     sensors=[raw_shard_sensor],
     schedules=[refresh_stale_shards],
     resources=resources_from_env(),
+    # The chain is strictly sequential (features -> checks -> mask -> subset), so separate
+    # step processes would buy no parallelism and cost a re-import (dagster, torch) per step.
+    # Partitions run in parallel as separate runs; the "gpu" pool still limits mask steps.
+    executor=dg.in_process_executor,
 )

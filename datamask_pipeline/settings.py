@@ -12,6 +12,7 @@ Every default is a local path under the repository, so a newcomer needs no confi
                             settings) or ``cpu-demo`` (engine.config.CPU_DEMO_PRESET)
 ``DATAMASK_DEVICE``         ``auto`` (default), ``cpu`` or ``cuda:N``
 ``DATAMASK_PRECISION``      ``fp32`` (default), ``tf32`` or ``bf16``
+``DATAMASK_CPU_THREADS``    torch CPU threads of the mask step (default: torch's choice)
 ``DATAMASK_EMBEDDING_DIM``  required embedding dimension (unset: any, but one per shard)
 ``DATAMASK_QUALITY_MIN``    declared quality range, either end optional
 ``DATAMASK_QUALITY_MAX``
@@ -37,6 +38,7 @@ ENV_RAW_ROOT = "DATAMASK_RAW_ROOT"
 ENV_PRESET = "DATAMASK_PRESET"
 ENV_DEVICE = "DATAMASK_DEVICE"
 ENV_PRECISION = "DATAMASK_PRECISION"
+ENV_CPU_THREADS = "DATAMASK_CPU_THREADS"
 ENV_EMBEDDING_DIM = "DATAMASK_EMBEDDING_DIM"
 ENV_QUALITY_MIN = "DATAMASK_QUALITY_MIN"
 ENV_QUALITY_MAX = "DATAMASK_QUALITY_MAX"

@@ -47,7 +47,8 @@ class MaskLearner(dg.ConfigurableResource):
     cpu_threads: int = Field(
         default=0,
         description="torch intra-op threads while the step computes on CPU (0: torch's "
-        "default, all cores). Set 1 when several partitions run side by side on one machine.",
+        "default, all cores). Set 1 when several partitions run side by side on one machine. "
+        "Env DATAMASK_CPU_THREADS.",
     )
     shard_report: bool = Field(
         default=True,
@@ -65,6 +66,7 @@ class MaskLearner(dg.ConfigurableResource):
         return cls(
             device=os.environ.get(settings.ENV_DEVICE) or "auto",
             precision=os.environ.get(settings.ENV_PRECISION) or "fp32",
+            cpu_threads=settings.env_int(settings.ENV_CPU_THREADS) or 0,
         )
 
     # ------------------------------------------------------------------ pieces

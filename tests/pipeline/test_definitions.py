@@ -1,0 +1,115 @@
+"""Snapshot of the definitions: asset keys, deps, partitions, groups, kinds, code versions,
+checks, jobs, sensor, schedule, resources; and the config surface of the mask step."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import dagster as dg
+
+from assets.learn import MaskConfig, mask
+from datamask_pipeline import settings
+from datamask_pipeline.definitions import defs
+from datamask_pipeline.engine.config import LearnerConfig
+
+EXPECTED_ASSETS = {
+    "raw_shard": dict(group="datamask", deps=[], partitions="shards", kinds=["parquet"],
+                      code_version=None, executable=False),
+    "features": dict(group="datamask", deps=["raw_shard"], partitions="shards",
+                     kinds=["parquet", "pyarrow"], code_version="features-1", executable=True),
+    "mask": dict(group="datamask", deps=["features"], partitions="shards", kinds=["torch"],
+                 code_version="mask-1", executable=True),
+    "selected_subset": dict(group="datamask", deps=["features", "mask", "raw_shard"],
+                            partitions="shards", kinds=["parquet", "pyarrow"],
+                            code_version="selected-1", executable=True),
+    "corpus_summary": dict(group="corpus", deps=["selected_subset"], partitions=None,
+                           kinds=["duckdb"], code_version="catalog-1", executable=True),
+}
+EXPECTED_CHECKS = {
+    ("features", name): {"blocking": True}
+    for name in ("schema", "non_empty", "unique_ids", "finite_quality", "embedding_dim",
+                 "finite_nonzero_embeddings")
+}
+EXPECTED_JOBS = {
+    "datamask_job": ["features", "mask", "selected_subset"],
+    "corpus_summary_job": ["corpus_summary"],
+}
+
+
+def _partitions(node):
+    pdef = node.partitions_def
+    if pdef is None:
+        return None
+    assert isinstance(pdef, dg.DynamicPartitionsDefinition)
+    return pdef.name
+
+
+def test_asset_graph_snapshot():
+    graph = defs.resolve_asset_graph()
+    actual = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        actual[key.to_user_string()] = dict(
+            group=node.group_name,
+            deps=sorted(k.to_user_string() for k in node.parent_keys),
+            partitions=_partitions(node),
+            kinds=sorted(node.kinds),
+            code_version=node.code_version,
+            executable=node.is_executable,
+        )
+        assert node.description and len(node.description) > 40, key
+    assert actual == EXPECTED_ASSETS
+
+    checks = {(c.asset_key.to_user_string(), c.name): {"blocking": graph.get(c).blocking}
+              for c in graph.asset_check_keys}
+    assert checks == EXPECTED_CHECKS
+    assert all(graph.get(c).description for c in graph.asset_check_keys)
+
+    assert graph.get(dg.AssetKey("mask")).pools == {"gpu"}
+    assert mask.op.retry_policy == dg.RetryPolicy(max_retries=2, delay=5)
+
+
+def test_jobs_sensor_schedule_resources():
+    jobs = {name: sorted(k.to_user_string()
+                         for k in defs.resolve_job_def(name).asset_layer.executable_asset_keys)
+            for name in EXPECTED_JOBS}
+    assert jobs == EXPECTED_JOBS
+    assert defs.resolve_job_def("datamask_job").tags["dagster/retry_strategy"] == "FROM_FAILURE"
+
+    sensor = defs.resolve_sensor_def("raw_shard_sensor")
+    assert sensor.job_name == "datamask_job"
+    assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
+    schedule = defs.resolve_schedule_def("refresh_stale_shards")
+    assert schedule.job_name == "datamask_job"
+    assert schedule.cron_schedule == settings.DEFAULT_CRON
+    assert schedule.default_status == dg.DefaultScheduleStatus.STOPPED
+
+    assert set(defs.resources) == {"data_root", "contract", "learner", "duckdb"}
+    assert defs.resources["duckdb"].database == ":memory:"
+
+
+def test_mask_config_covers_every_learner_knob():
+    fields = MaskConfig.model_fields
+    assert set(fields) == {f.name for f in dataclasses.fields(LearnerConfig)}
+    assert all(f.description and len(f.description) > 20 for f in fields.values())
+    # this test process runs with DATAMASK_PRESET=cpu-demo (conftest)
+    assert MaskConfig().model_dump() == settings.learner_defaults("cpu-demo")
+
+
+def test_definitions_load_without_torch_and_default_to_the_paper():
+    """A fresh interpreter without DATAMASK_PRESET: the definitions load without importing
+    torch, and MaskConfig's defaults are the paper's (LearnerConfig's)."""
+    code = (
+        "import json, sys\n"
+        "from datamask_pipeline.definitions import defs\n"
+        "from assets.learn import MaskConfig\n"
+        "print(json.dumps({'torch': 'torch' in sys.modules, 'config': MaskConfig().model_dump()}))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("DATAMASK_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=str(settings.repo_root()), timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["torch"] is False
+    assert got["config"] == LearnerConfig().to_dict()
