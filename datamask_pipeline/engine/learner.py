@@ -227,10 +227,12 @@ def load_checkpoint(path: str) -> dict | None:
 
 def sample_masks(logits_b: torch.Tensor, G: int, k: int, gen: torch.Generator) -> torch.Tensor:
     """G exact-k masks drawn without replacement from softmax(logits_b), as a (G, k) index
-    tensor: Gumbel-top-k (the k largest of logits + Gumbel(0, 1) noise, -log(Exp(1)))."""
-    e = torch.empty((G, logits_b.numel()), device=logits_b.device, dtype=torch.float32)
-    e.exponential_(generator=gen)
-    keys = logits_b.unsqueeze(0) - e.log_()
+    tensor: Gumbel-top-k (the k largest of logits + Gumbel(0, 1) noise, -log(Exp(1))).
+    Exp(1) is drawn as -log(U), U uniform: the same distribution as ``exponential_`` and about
+    7x faster on CPU (bench/: "make it fast")."""
+    u = torch.empty((G, logits_b.numel()), device=logits_b.device, dtype=torch.float32)
+    u.uniform_(generator=gen).clamp_(min=torch.finfo(torch.float32).tiny)
+    keys = logits_b.unsqueeze(0) - u.log_().neg_().log_()
     return keys.topk(k, dim=1, sorted=False).indices
 
 
