@@ -138,7 +138,19 @@ ASSETS_QUERY = """
 """
 
 
-def test_dagster_dev_serves_assets_and_partitions(cli_env, tmp_path):
+def _mask_step_windows(inst, run_id) -> list:
+    times = {}
+    for e in inst.all_logs(run_id):
+        if e.dagster_event and e.step_key == "mask" and e.dagster_event.event_type_value in (
+                "STEP_START", "STEP_SUCCESS"):
+            times[e.dagster_event.event_type_value] = e.timestamp
+    return [times["STEP_START"], times["STEP_SUCCESS"]]
+
+
+def test_dagster_dev_graphql_and_cli_backfill(cli_env, tmp_path):
+    """``dagster dev`` serves the assets and partitions over GraphQL, and its daemon executes a
+    multi-partition backfill launched from the CLI (one run per shard, the mask steps of the
+    runs one at a time through the "gpu" pool of the instance's dagster.yaml)."""
     _register(cli_env)
     port = _free_port()
     log = open(tmp_path / "dagster_dev.log", "w")
@@ -166,6 +178,28 @@ def test_dagster_dev_serves_assets_and_partitions(cli_env, tmp_path):
         assert not by_key["corpus_summary"]["isPartitioned"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as resp:
             assert resp.status == 200
+
+        # a backfill over both partitions, queued from the CLI, run by the daemon
+        out = _run([str(BIN / "dagster"), "job", "backfill", "-w", "workspace.yaml", "-j",
+                    "datamask_job", "--partitions", "shard_000,shard_001", "--noprompt"], cli_env)
+        assert "Launched backfill" in out.stdout
+        data = Path(cli_env["DATAMASK_DATA_ROOT"])
+        with _instance(cli_env) as inst:
+            runs = []
+            while time.monotonic() < deadline + 120:
+                runs = inst.get_runs(dg.RunsFilter(job_name="datamask_job"))
+                if len(runs) == 2 and all(r.is_finished for r in runs):
+                    break
+                assert proc.poll() is None
+                time.sleep(0.5)
+            assert sorted(r.tags["dagster/partition"] for r in runs) == ["shard_000", "shard_001"]
+            assert all(r.status == dg.DagsterRunStatus.SUCCESS for r in runs), \
+                (tmp_path / "dagster_dev.log").read_text()[-4000:]
+            assert len({r.tags["dagster/backfill"] for r in runs}) == 1
+            (a0, a1), (b0, b1) = sorted(_mask_step_windows(inst, r.run_id) for r in runs)
+            assert a1 <= b0  # one mask step at a time
+        for key in ("shard_000", "shard_001"):
+            assert pq.read_metadata(data / "selected" / f"{key}.parquet").num_rows == round(0.1 * ROWS)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
