@@ -92,7 +92,12 @@ class MaskConfig(dg.Config):
         "before mixing; re-weights λ towards diversity).",
     )
     seed: int = Field(default=_D["seed"], description="Random seed (batches, Gumbel noise, the random baseline).")
-    solver: str = Field(default=_D["solver"], description="Optimiser: 'paper' (policy gradient on logits).")
+    solver: str = Field(
+        default=_D["solver"],
+        description="'paper': the policy-gradient learner alone; 'paper+polish': then a swap "
+        "local search on the whole-shard objective that starts from the learner's read-out "
+        "and never lowers f.",
+    )
     rollout_chunk: Optional[int] = Field(
         default=_D["rollout_chunk"],
         description="Rollouts scored at once (memory vs speed); unset = chosen from the "

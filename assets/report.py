@@ -126,6 +126,22 @@ def shard_row(con, data_root: DataRoot, key: str, instance) -> dict:
     return row
 
 
+def corpus_report_input(row: dict, data_root: DataRoot) -> dict:
+    """A shard's metrics for ``reporting.build_corpus_report``: the catalog's numbers, with the
+    shard report's richer metrics on top when one was written."""
+    m = {
+        "n_rows": row["rows_raw"], "k_selected": row["rows_selected"],
+        "kept_fraction": row["kept_fraction"], "quality_mean_shard": row["quality_mean_before"],
+        "quality_mean_selected": row["quality_mean_after"], "f_datamask": row["f_datamask"],
+        "f_topk": row["f_quality_topk"], "f_random": row["f_random"], "lamb": row["lamb"],
+        "spectrum_flatness_selected": row["spectrum_flatness_selected"],
+    }
+    report = _read_json(storage.join(data_root.report_dir(row["partition_key"]), "report_metrics.json"))
+    if report:
+        m.update(report)
+    return m
+
+
 def build_catalog(db_path: str, rows: list, missing: list, data_root: DataRoot, local: bool) -> None:
     import duckdb
 
@@ -163,8 +179,12 @@ def build_catalog(db_path: str, rows: list, missing: list, data_root: DataRoot, 
 def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg.MaterializeResult:
     """The corpus catalog ``<data root>/catalog.duckdb`` over every registered shard with a
     selected subset (tables ``shards`` and ``catalog_info``, view ``selected_rows``), rebuilt
-    atomically. Metadata: totals and a per-shard table."""
+    atomically, and the corpus report (``<data root>/corpus_report/corpus_report.html``:
+    kept fraction, quality before / after and gain over quality top-k per shard). Metadata:
+    totals and a per-shard table."""
     import duckdb
+
+    from datamask_pipeline.reporting.corpus_report import build_corpus_report, write_corpus_report
 
     keys = sorted(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
     ready, missing = [], []
@@ -208,6 +228,16 @@ def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg
                         break
                     dst.write(chunk)
 
+    algorithms = sorted({r["algorithm"] for r in rows if r["algorithm"]})
+    links = {r["partition_key"]: f"../reports/{r['partition_key']}/report.html"
+             for r in rows if r["report_uri"]}
+    corpus_report = build_corpus_report(
+        {r["partition_key"]: corpus_report_input(r, data_root) for r in rows},
+        algorithm=", ".join(algorithms) or None, links=links,
+        extra={"shards without a selection": str(len(missing))},
+    )
+    report_files = write_corpus_report(corpus_report, data_root.corpus_report_dir())
+
     total_raw = sum(r["rows_raw"] for r in rows)
     total_sel = sum(r["rows_selected"] for r in rows)
     qb = sum(r["quality_mean_before"] * r["rows_raw"] for r in rows) / total_raw if total_raw else float("nan")
@@ -237,4 +267,6 @@ def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg
         "quality_mean_after": float(qa),
         "per_shard": dg.MetadataValue.md("\n".join(lines)),
         "catalog_uri": dg.MetadataValue.path(str(catalog)),
+        "corpus_report_html": dg.MetadataValue.path(str(report_files["html"])),
+        "corpus_report": dg.MetadataValue.md(corpus_report.markdown),
     })

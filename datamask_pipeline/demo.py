@@ -11,9 +11,10 @@
    for every shard, then ``corpus_summary_job``, through Dagster's in-process executor with the
    definitions' own resources, and prints where the selected parquet files are and a summary.
 
-Defaults: the ``cpu-demo`` preset (engine.config.CPU_DEMO_PRESET) on ``--device cpu``; about a
-minute per 5k-row shard on two CPU cores. ``--preset paper --device auto`` runs the paper's
-GPU settings. Exit code 1 when a shard failed (its reason is printed).
+Defaults: the ``cpu-demo`` preset (engine.config.CPU_DEMO_PRESET) on ``--device cpu`` with one
+torch thread; the default corpus (4 x 5,000 rows, 768-d) takes a few minutes on two CPU cores,
+shard reports included. ``--preset paper --device auto --cpu-threads 0`` runs the paper's GPU
+settings. Exit code 1 when a shard failed (its reason is printed).
 """
 
 import argparse
@@ -32,6 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="cpu-demo", choices=("cpu-demo", "paper"),
                    help="default method knobs (default cpu-demo)")
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda:N (default cpu)")
+    p.add_argument("--cpu-threads", type=int, default=1,
+                   help="torch CPU threads of the mask step (default 1: the demo's small "
+                   "per-step tensors gain little from more, and lose a lot when the machine is "
+                   "busy; 0 = torch's default)")
     p.add_argument("--data-root", default=None,
                    help="data root (default env DATAMASK_DATA_ROOT, else <repo>/data)")
     return p
@@ -61,6 +66,7 @@ def main(argv=None) -> int:
         os.environ[settings.ENV_DATA_ROOT] = args.data_root
     os.environ[settings.ENV_PRESET] = args.preset
     os.environ[settings.ENV_DEVICE] = args.device
+    os.environ[settings.ENV_CPU_THREADS] = str(args.cpu_threads)
     home = settings.ensure_dagster_home()
 
     from datamask_pipeline.engine import storage
@@ -93,12 +99,14 @@ def main(argv=None) -> int:
           f"preset {args.preset}, device {args.device}")
 
     job = defs.resolve_job_def("datamask_job")
+    quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # no DEBUG event lines
     failed, times = {}, {}
     for i, key in enumerate(keys, 1):
         t = time.perf_counter()
         print(f"[{i}/{len(keys)}] {key}: materializing features -> checks -> mask -> selected_subset ...",
               flush=True)
-        result = job.execute_in_process(partition_key=key, instance=instance, raise_on_error=False)
+        result = job.execute_in_process(partition_key=key, instance=instance, run_config=quiet,
+                                        raise_on_error=False)
         times[key] = time.perf_counter() - t
         if result.success:
             print(f"[{i}/{len(keys)}] {key}: done in {times[key]:.1f}s (run {result.run_id})", flush=True)
@@ -107,7 +115,7 @@ def main(argv=None) -> int:
             print(f"[{i}/{len(keys)}] {key}: FAILED (run {result.run_id})\n    {failed[key]}", flush=True)
 
     summary = defs.resolve_job_def("corpus_summary_job").execute_in_process(
-        instance=instance, raise_on_error=False)
+        instance=instance, run_config=quiet, raise_on_error=False)
     if not summary.success:
         print(f"corpus summary FAILED: {_failure_reason(summary)}", file=sys.stderr)
         return 1
@@ -143,6 +151,7 @@ def _print_summary(root: str, keys: list, times: dict) -> None:
     for r in rows:
         print(f"  {r[9]}")
     print(f"Corpus catalog (DuckDB): {catalog}")
+    print(f"Corpus report: {storage.join(data_root.corpus_report_dir(), 'corpus_report.html')}")
     print(f"Shard reports: {storage.join(root, 'reports')}/<shard>/report.html\n")
     hdr = ("shard", "rows", "selected", "kept", "q before", "q after", "f DATAMASK", "f top-k",
            "f random", "time s")

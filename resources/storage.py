@@ -9,6 +9,7 @@ Layout under the data root (a local path or a URI such as ``s3://bucket/datamask
     reports/<key>/                 the shard report (HTML + PNG + metrics JSON)
     checkpoints/<key>.pt           the learner's checkpoint while a run is in flight
     catalog.duckdb                 the corpus catalog (corpus summary)
+    corpus_report/                 the corpus report (HTML + PNG + metrics JSON)
 
 Every derived path goes through ``storage.safe_child`` after the partition key was validated,
 so a key can never name a file outside the root.
@@ -77,3 +78,6 @@ class DataRoot(dg.ConfigurableResource):
 
     def catalog(self) -> str:
         return self._child("catalog.duckdb")
+
+    def corpus_report_dir(self) -> str:
+        return self._child("corpus_report")

@@ -122,6 +122,8 @@ def test_corpus_summary_catalog(registered, run_chain, instance, resources, data
     assert meta["shards_in_catalog"].value == 2 and meta["rows_selected"].value == 2 * K
     assert meta["shards_without_selection"].value == [registered[2]]
     assert registered[0] in meta["per_shard"].value
+    assert os.path.isfile(meta["corpus_report_html"].value)
+    assert registered[1] in meta["corpus_report"].value
     path = data_root.catalog()
     with duckdb.connect(path, read_only=True) as con:
         rows = con.execute("SELECT partition_key, rows_raw, rows_selected, algorithm, f_datamask, "
