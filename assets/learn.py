@@ -14,6 +14,7 @@ location they are the engine's ``CPU_DEMO_PRESET`` (a 5k-row shard in about a mi
 CPU cores).
 """
 
+import json
 import time
 from typing import Optional
 
@@ -307,6 +308,8 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
         metadata[f"f_{name}"] = float(lv["f"][alg])
         metadata[f"f_qua_{name}"] = float(lv["f_qua"])
         metadata[f"f_div_{name}"] = float(lv["f_div"][alg])
+    if res.polish is not None:  # solver paper+polish: what the swap search changed
+        metadata["polish"] = dg.MetadataValue.json(json.loads(json.dumps(res.polish, default=float)))
     if report is not None:
         metadata["report_html"] = dg.MetadataValue.path(str(report_files["html"]))
         metadata["report"] = dg.MetadataValue.md(report.markdown)

@@ -16,7 +16,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m datamask_pipeline.register",
                                 description="Register raw parquet shards as partitions of 'shards'.")
     p.add_argument("--raw", default=None, help="raw location (path or URI); default env "
-                   "DATAMASK_RAW_ROOT, else <data root>/raw")
+                   "DATAMASK_RAW_ROOT, else <data root>/raw. It must be the location the code "
+                   "location reads (the same DATAMASK_RAW_ROOT / DATAMASK_DATA_ROOT)")
     args = p.parse_args(argv)
 
     from datamask_pipeline import settings

@@ -1,6 +1,7 @@
 """Partitioned reruns: a new config replaces exactly one partition; failed reruns leave the
 previous outputs in place; a retried mask step resumes from its checkpoint."""
 
+import math
 import os
 
 import dagster as dg
@@ -24,7 +25,7 @@ def test_rerun_with_new_config_replaces_only_that_partition(registered, run_chai
     before = tree_bytes(data_root.root)
     old_hash = _latest_mask_meta(instance, b)["config_hash"].value
 
-    assert run_chain(b, seed=11, lamb=0.3).success
+    assert run_chain(b, seed=11, lamb=0.3, solver="paper+polish").success
     after = tree_bytes(data_root.root)
     assert set(after) == set(before)  # same files: no temp files, no checkpoint, nothing removed
     changed = sorted(p for p in before if after[p] != before[p])
@@ -34,8 +35,12 @@ def test_rerun_with_new_config_replaces_only_that_partition(registered, run_chai
     assert f"masks/{b}.parquet" in changed and f"selected/{b}.parquet" in changed
     assert f"features/{b}.parquet" not in changed and f"raw/{b}.parquet" not in changed
     assert all(b in p for p in changed), changed
-    new_hash = _latest_mask_meta(instance, b)["config_hash"].value
-    assert new_hash == MaskConfig(**{**TINY, "seed": 11, "lamb": 0.3}).learner_config().config_hash()
+    meta = _latest_mask_meta(instance, b)
+    new_hash = meta["config_hash"].value
+    assert new_hash == MaskConfig(**{**TINY, "seed": 11, "lamb": 0.3, "solver": "paper+polish"}
+                                  ).learner_config().config_hash()
+    # the polished selection is the one scored and written
+    assert math.isclose(meta["polish"].value["f_end"], meta["f_datamask"].value, rel_tol=1e-5)
     assert new_hash != old_hash
     assert _latest_mask_meta(instance, a)["config_hash"].value == old_hash
 
