@@ -179,7 +179,8 @@ def _fail(key: str, exc: Exception, what: str) -> dg.Failure:
 def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataRoot,
          contract: DataContract, learner: MaskLearner) -> dg.MaterializeResult:
     """Per-sample DATAMASK selection of one shard: ``id``, ``logit`` (final), ``rank``
-    (0 = best) and ``selected`` (top k = round(select_ratio · n) by logit, ties by id).
+    (0 = best) and ``selected`` (rank < k = round(select_ratio · n): the top k by logit, ties
+    by id, or the polished subset for solver paper+polish).
     Metadata: objective curve, whole-shard f_qua / f_div / f of DATAMASK vs random vs quality
     top-k, device, steps, wall time, config hash, memory estimate, the shard report."""
     import torch
@@ -197,6 +198,9 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
     except ConfigError as exc:
         raise _fail(key, exc, "invalid configuration") from exc
     feats_uri = data_root.features(key)
+    if not storage.exists(feats_uri):
+        raise dg.Failure(description=f"partition {key!r}: no features at {feats_uri}: materialize "
+                                     "features (and its checks) first", allow_retries=False)
     try:
         shard = read_features(feats_uri, contract)
     except DataContractError as exc:
