@@ -19,7 +19,7 @@ from datamask_pipeline.engine.data import (
     RULE_READABLE,
     Columns,
     DataContractError,
-    _check_schema,
+    check_schema,
 )
 from resources.contract import DataContract
 from resources.storage import DataRoot
@@ -84,7 +84,7 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns) -> dict:
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise DataContractError(raw_uri, RULE_READABLE, detail=str(exc)) from exc
     try:
-        _check_schema(pf.schema_arrow, str(raw_uri), columns)
+        check_schema(pf.schema_arrow, str(raw_uri), columns)
         id_type = _canonical_id_type(pf.schema_arrow.field(columns.id).type)
         schema = features_schema(id_type)
         rows = 0

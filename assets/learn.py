@@ -26,6 +26,7 @@ from datamask_pipeline import settings
 from datamask_pipeline.engine import storage
 from datamask_pipeline.engine.config import ConfigError, LearnerConfig
 from datamask_pipeline.engine.data import Columns, DataContractError
+from datamask_pipeline.k8s import GPU_POOL, gpu_op_tags
 from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.storage import DataRoot
@@ -173,7 +174,10 @@ def _fail(key: str, exc: Exception, what: str) -> dg.Failure:
     group_name=GROUP,
     kinds={"torch"},
     code_version=CODE_VERSION,
-    pool="gpu",
+    pool=GPU_POOL,
+    # On Kubernetes (k8s_job_executor) the step's pod asks for the GPU: these tags travel with
+    # the asset, so UI launches, backfills and schedules all honour them.
+    op_tags=gpu_op_tags(),
     retry_policy=dg.RetryPolicy(max_retries=2, delay=5),
 )
 def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataRoot,

@@ -32,6 +32,16 @@ def resources_from_env() -> dict:
     }
 
 
+def _executor():
+    from . import k8s
+
+    if k8s.use_k8s_executor():
+        from dagster_k8s import k8s_job_executor
+
+        return k8s_job_executor.configured(k8s.k8s_executor_config())
+    return dg.in_process_executor
+
+
 defs = dg.Definitions(
     assets=[raw_shard, features, mask, selected_subset, corpus_summary],
     asset_checks=[validate_features],
@@ -42,5 +52,6 @@ defs = dg.Definitions(
     # The chain is strictly sequential (features -> checks -> mask -> subset), so separate
     # step processes would buy no parallelism and cost a re-import (dagster, torch) per step.
     # Partitions run in parallel as separate runs; the "gpu" pool still limits mask steps.
-    executor=dg.in_process_executor,
+    # On Kubernetes (DATAMASK_EXECUTOR=k8s, set by deploy/) every step is its own pod.
+    executor=_executor(),
 )

@@ -26,7 +26,8 @@ import pyarrow.parquet as pq
 
 from . import storage
 
-__all__ = ["DataContractError", "Columns", "Shard", "read_shard", "table_to_shard", "MAX_IDS"]
+__all__ = ["DataContractError", "Columns", "Shard", "read_shard", "table_to_shard", "check_schema",
+           "MAX_IDS"]
 
 MAX_IDS = 10
 _BLOCK_ROWS = 65536
@@ -163,7 +164,8 @@ def _is_list(t) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
 
 
-def _check_schema(schema: pa.Schema, path: str, columns: Columns) -> None:
+def check_schema(schema: pa.Schema, path: str, columns: Columns) -> None:
+    """Raise DataContractError for a missing column or a column of the wrong type."""
     names = schema.names
     for c in columns.needed():
         if c not in names:
@@ -200,7 +202,7 @@ def table_to_shard(table: pa.Table, path, columns: Columns = Columns(), expected
     ``expected_dim``: required embedding dimension. ``quality_range``: ``(lo, hi)``, inclusive,
     either end may be None; applied to every quality column's raw values."""
     path = str(path)
-    _check_schema(table.schema, path, columns)
+    check_schema(table.schema, path, columns)
     n = table.num_rows
     if n == 0:
         raise DataContractError(path, RULE_ROWS, detail="the shard has no rows")
@@ -344,7 +346,7 @@ def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_ran
             schema = pf.schema_arrow
         except (OSError, pa.ArrowException, ValueError) as exc:
             raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
-        _check_schema(schema, path, columns)
+        check_schema(schema, path, columns)
         try:
             table = pf.read(columns=columns.needed())
         except (OSError, pa.ArrowException, ValueError) as exc:
