@@ -23,7 +23,14 @@ one, never a partial file.
   and, only after the writer finished, ``move`` it to the final key (S3: server-side
   CopyObject, which creates the final key atomically, then DeleteObject of the temp). On error
   the temp key is deleted. Temp names start with ``.`` and :func:`list_files` skips such
-  names, so listings never show them.
+  names, so listings never show them. Limits of object stores: one CopyObject copies at most
+  5 GiB (AWS S3), so a single output object must stay below that (a larger one fails to
+  publish with a :class:`StorageError` saying so, and nothing is published); and pyarrow
+  keeps a "directory" alive after deleting the last object under a prefix by writing a
+  zero-byte marker object ``<prefix>/`` (never a file: :func:`list_files` does not return it).
+
+S3 without ``AWS_ENDPOINT_URL``, ``AWS_REGION`` or ``AWS_DEFAULT_REGION`` (plain AWS, region
+unknown): the bucket's region is looked up once per bucket, as ``FileSystem.from_uri`` does.
 """
 
 from __future__ import annotations
@@ -77,9 +84,40 @@ def _scheme(uri: str) -> str | None:
     return m.group(1).lower() if m else None
 
 
-def _s3_filesystem() -> pafs.FileSystem:
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    key = ("s3", endpoint)
+def _endpoint() -> str | None:
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+def _env_region() -> str | None:
+    return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None
+
+
+def _bucket_region(bucket: str) -> str | None:
+    """AWS only (no endpoint, no region in the environment): the bucket's own region, as
+    ``FileSystem.from_uri`` would find it; a client pinned to another region gets HTTP 301
+    for every request. None when it cannot be found (the SDK's default chain decides)."""
+    key = ("region", bucket)
+    with _FS_LOCK:
+        if key in _FS_CACHE:
+            return _FS_CACHE[key]
+    try:
+        region = pafs.resolve_s3_region(bucket)
+    except (OSError, pa.ArrowException, ValueError):
+        region = None
+    with _FS_LOCK:
+        _FS_CACHE[key] = region
+    return region
+
+
+def _s3_filesystem(bucket: str | None = None) -> pafs.FileSystem:
+    """One cached S3FileSystem per (endpoint, region). Credentials are not passed: the AWS
+    SDK's default chain reads ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
+    ``AWS_SESSION_TOKEN``, web identity (IRSA) or instance metadata and refreshes them."""
+    endpoint = _endpoint()
+    region = _env_region()
+    if region is None and endpoint is None and bucket:
+        region = _bucket_region(bucket)
+    key = ("s3", endpoint, region)
     with _FS_LOCK:
         fs = _FS_CACHE.get(key)
         if fs is None:
@@ -93,7 +131,6 @@ def _s3_filesystem() -> pafs.FileSystem:
                     kwargs["scheme"] = "https"
                     ep = ep[len("https://"):]
                 kwargs["endpoint_override"] = ep
-            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
             if region:
                 kwargs["region"] = region
             fs = pafs.S3FileSystem(**kwargs)
@@ -116,7 +153,7 @@ def resolve(uri) -> tuple[pafs.FileSystem, str]:
         path = uri[len("s3://"):].split("?", 1)[0].strip("/")
         if not path:
             raise StorageError(f"{uri}: no bucket in S3 URI")
-        return _s3_filesystem(), path
+        return _s3_filesystem(path.split("/", 1)[0]), path
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowException, ValueError, OSError) as exc:
@@ -370,7 +407,7 @@ def _atomic_target(uri) -> Iterator[tuple[pafs.FileSystem, str, str]]:
             os.replace(tmp, path)
             _fsync_dir(parent)
         else:
-            fs.move(tmp, path)
+            _publish_object(fs, tmp, path, uri)
         published = True
     finally:
         if not published:
@@ -381,6 +418,26 @@ def _atomic_target(uri) -> Iterator[tuple[pafs.FileSystem, str, str]]:
                     fs.delete_file(tmp)
             except (OSError, pa.ArrowException):
                 pass
+
+
+_COPY_LIMIT = 5 * 2**30  # S3 CopyObject: at most 5 GiB in one request
+
+
+def _publish_object(fs: pafs.FileSystem, tmp: str, path: str, uri) -> None:
+    """Server-side move of the finished temp object to its final key (S3: CopyObject, then
+    DeleteObject of the temp). A failure leaves the final key as it was."""
+    try:
+        fs.move(tmp, path)
+    except (OSError, pa.ArrowException) as exc:
+        hint = ""
+        try:
+            nbytes = fs.get_file_info(tmp).size
+        except (OSError, pa.ArrowException):
+            nbytes = None
+        if nbytes and nbytes > _COPY_LIMIT:
+            hint = (f"; the object is {nbytes / 2**30:.1f} GiB and S3's CopyObject, which "
+                    f"publishes it atomically, copies at most 5 GiB: use smaller shards")
+        raise StorageError(f"{uri}: the finished object could not be published ({exc}){hint}") from exc
 
 
 @contextlib.contextmanager
