@@ -182,7 +182,7 @@ def test_quality_pruning_never_selects_pruned_rows():
 def test_quality_init_starts_at_quality_order():
     x, q = clustered(300, 4, seed=1)
     cfg = LearnerConfig(algorithm="DiSF", select_ratio=0.1, n_epochs=1, n_rollout=4,
-                        partial=0.2, max_lr=1e-9, min_lr=0.0)
+                        partial=0.2, max_lr=1e-9, min_lr=0.0, solver="paper")
     res = learn(x, q, cfg, device="cpu")
     top = np.argsort(-q)[:30]
     assert set(np.flatnonzero(res.selected)) == set(top)

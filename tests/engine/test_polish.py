@@ -136,7 +136,8 @@ def test_polish_progress_reports_rising_f():
 
 
 # ------------------------------------------------------------- learner hook
-def test_solver_is_validated():
+def test_solver_is_validated_and_the_plain_method_stays_the_default():
+    assert LearnerConfig().solver == "paper"
     with pytest.raises(ConfigError, match="solver"):
         LearnerConfig(solver="annealing").validate()
     LearnerConfig(solver="paper+polish").validate()
@@ -146,7 +147,8 @@ def test_solver_is_validated():
 def test_learner_paper_plus_polish(term):
     x, q = _data(400, 8, seed=11)
     x = x.astype(np.float32)
-    cfg = LearnerConfig(algorithm=term, n_epochs=30, n_rollout=16, partial=0.25, seed=1)
+    cfg = LearnerConfig(algorithm=term, n_epochs=30, n_rollout=16, partial=0.25, seed=1,
+                        solver="paper")
     plain = learn(x, q, cfg, device="cpu")
     pol = learn(x, q, cfg.replace(solver="paper+polish"), device="cpu")
     np.testing.assert_array_equal(plain.logits, pol.logits)  # same learning, then polish
