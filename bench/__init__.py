@@ -1,0 +1,1 @@
+"""DATAMASK benchmark suite: ``python -m bench.run --mode quick|full`` (see bench/run.py)."""
