@@ -25,7 +25,7 @@ def _engine_cmd(raw: str, out: str, cfg: dict) -> list:
 
 
 def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout_s: int = 900,
-                      log=print) -> dict:
+                      preset: str = "paper", log=print) -> dict:
     repo = Path(__file__).resolve().parent.parent
     if not (repo / "datamask_pipeline" / "definitions.py").is_file():
         return {"skipped": "datamask_pipeline/definitions.py does not exist"}
@@ -37,12 +37,12 @@ def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout
     raw_dir = root / "raw"
     uris = generate_corpus(str(raw_dir), n_shards=1, rows_per_shard=rows, dim=dim, seed=0)
     raw = uris[0]
-    cfg = LearnerConfig(**CPU_DEMO_PRESET).to_dict()
+    cfg = LearnerConfig(**(CPU_DEMO_PRESET if preset == "cpu-demo" else {})).to_dict()
     env = {**os.environ, "DATAMASK_DATA_ROOT": str(root), "DAGSTER_HOME": str(workdir / "dagster_home"),
-           "DATAMASK_PRESET": "cpu-demo", "DATAMASK_DEVICE": "cpu",
+           "DATAMASK_PRESET": preset, "DATAMASK_DEVICE": "cpu",
            "DATAMASK_EMBEDDING_DIM": str(dim), "PYTHONPATH": str(repo)}
     demo_cmd = [sys.executable, "-m", "datamask_pipeline.demo", "--shards", "1", "--rows", str(rows),
-                "--dim", str(dim), "--preset", "cpu-demo", "--device", "cpu",
+                "--dim", str(dim), "--preset", preset, "--device", "cpu",
                 "--data-root", str(root)]
     runs = {"engine_cli": [], "dagster_demo": []}
     shard_s, learn_s = [], []
@@ -79,7 +79,7 @@ def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout
                         import shutil
 
                         shutil.rmtree(p2, ignore_errors=True)
-    out = {"rows": rows, "dim": dim, "config": cfg, "reps": reps,
+    out = {"rows": rows, "dim": dim, "preset": preset, "config": cfg, "reps": reps,
            "engine_cli_wall_s": median(runs["engine_cli"]),
            "engine_learn_s": median(learn_s),
            "dagster_demo_wall_s": median(runs["dagster_demo"]),

@@ -94,7 +94,8 @@ def targets(res) -> list:
     p = res.get("pipeline", {})
     if p.get("added_fraction_shard") is not None:
         rows.append({"target": "Dagster adds <= 10% over the engine alone (one shard)",
-                     "where": f"{p['rows']} rows x {p['dim']}-d, cpu-demo preset",
+                     "where": f"{p['rows']} rows x {p['dim']}-d, preset {p.get('preset', 'cpu-demo')}, "
+                              f"learning {_s(p.get('engine_learn_s'))}",
                      "measured": f"{_pct(p['added_fraction_shard'], 1)} (shard materialization vs engine CLI process); "
                                  f"{_pct(p.get('added_fraction_process'), 1)} whole demo process",
                      "met": p["added_fraction_shard"] <= 0.10})
@@ -223,7 +224,7 @@ def render(res: dict) -> str:
         if p.get("skipped"):
             a(f"Skipped: {p['skipped']}\n")
         else:
-            a(f"One {p['rows']}-row, {p['dim']}-d shard, cpu-demo preset ({p['config']['algorithm']}, "
+            a(f"One {p['rows']}-row, {p['dim']}-d shard, preset {p.get('preset', 'cpu-demo')} ({p['config']['algorithm']}, "
               f"{p['config']['n_epochs']} steps, G={p['config']['n_rollout']}, partial "
               f"{p['config']['partial']}, solver {p['config']['solver']}), {p['reps']} rep(s), "
               f"executor: {p['executor']}.\n")

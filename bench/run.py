@@ -35,12 +35,14 @@ MODES = {
     "quick": dict(sizes=[2000], dim=32, steps=100, rollouts=32, reps=1, reps_small=1,
                   greedy_max_n={"DiSF": 10**9, "Facility": 10**9, "Pair_simi": 10**9},
                   polish_budget_s=60.0, term_norm_n=2000, kernel_n=2000, share_steps=30,
-                  pipeline=False, pipeline_rows=1000, pipeline_dim=32, ablation_max_n=10**9),
+                  pipeline=False, pipeline_rows=1000, pipeline_dim=32, pipeline_preset="cpu-demo",
+                  ablation_max_n=10**9),
     "full": dict(sizes=[5000, 10000, 20000, 50000, 100000], dim=128, steps=1000, rollouts=128,
                  reps=1, reps_small=3,
                  greedy_max_n={"DiSF": 20000, "Facility": 20000, "Pair_simi": 100000},
                  polish_budget_s=150.0, term_norm_n=10000, kernel_n=100000, share_steps=150,
-                 pipeline=True, pipeline_rows=5000, pipeline_dim=768, ablation_max_n=20000),
+                 pipeline=True, pipeline_rows=5000, pipeline_dim=768, pipeline_preset="paper",
+                 ablation_max_n=20000),
 }
 
 
@@ -112,6 +114,7 @@ class Opts:
         self.pipeline = m["pipeline"] if args.pipeline is None else args.pipeline
         self.pipeline_rows = args.pipeline_rows or m["pipeline_rows"]
         self.pipeline_dim = args.pipeline_dim or m["pipeline_dim"]
+        self.pipeline_preset = m["pipeline_preset"]
         self.term_norm_n = m["term_norm_n"]
         self.kernel_n = m["kernel_n"]
         self.share_steps = m["share_steps"]
@@ -337,7 +340,8 @@ def main(argv=None) -> int:
             import shutil
 
             shutil.rmtree(work, ignore_errors=True)
-            res["pipeline"] = pipeline_overhead(work, opts.pipeline_rows, opts.pipeline_dim, log=log)
+            res["pipeline"] = pipeline_overhead(work, opts.pipeline_rows, opts.pipeline_dim,
+                                                preset=opts.pipeline_preset, log=log)
         else:
             res["pipeline"] = {"skipped": "not requested in this mode (--pipeline to run it)"
                                if not opts.pipeline else "CPU only"}
