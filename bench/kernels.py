@@ -268,3 +268,40 @@ def speedups(x_np, q_np, device, *, G: int, reps: int = 7, quick: bool = False) 
                     "before_s": r["before"]["median_s"], "after_s": r["after"]["median_s"],
                     "speedup": r["before"]["median_s"] / r["after"]["median_s"]})
     return out
+
+
+# ----------------------------------------------------------- thread scaling
+def thread_scaling(x_np, q_np, device, cfg, steps: int, reps: int = 3) -> dict:
+    """The learner and a matmul at 1 thread vs all threads, interleaved, under whatever load the
+    machine has now: on a shared machine, torch's intra-op threads spin-wait for cores that other
+    processes hold, and the learner's many small ops suffer most."""
+    import os
+
+    import datamask_pipeline.engine.learner as L
+
+    from .common import loadavg
+
+    dev = torch.device(device)
+    old = torch.get_num_threads()
+    many = os.cpu_count() or old
+    a = torch.randn(1024, 1024)
+    out = {"loadavg": loadavg(), "cpu_count": many, "steps": steps, "n": int(x_np.shape[0])}
+
+    def at(th, fn):
+        def run():
+            torch.set_num_threads(th)
+            try:
+                fn()
+            finally:
+                torch.set_num_threads(old)
+        return run
+
+    learn = lambda: L.learn(x_np, q_np, cfg.replace(n_epochs=steps), device=dev)
+    r = interleaved({"learner_1": at(1, learn), f"learner_{many}": at(many, learn),
+                     "matmul_1": at(1, lambda: a @ a), f"matmul_{many}": at(many, lambda: a @ a)},
+                    reps=reps, device=dev)
+    out.update({k: v["median_s"] for k, v in r.items()})
+    out["learner_speedup_all_vs_1"] = r["learner_1"]["median_s"] / r[f"learner_{many}"]["median_s"]
+    out["matmul_speedup_all_vs_1"] = r["matmul_1"]["median_s"] / r[f"matmul_{many}"]["median_s"]
+    out["loadavg_end"] = loadavg()
+    return out

@@ -25,7 +25,7 @@ def _engine_cmd(raw: str, out: str, cfg: dict) -> list:
 
 
 def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout_s: int = 900,
-                      preset: str = "paper", log=print) -> dict:
+                      preset: str = "paper", threads: int | None = None, log=print) -> dict:
     repo = Path(__file__).resolve().parent.parent
     if not (repo / "datamask_pipeline" / "definitions.py").is_file():
         return {"skipped": "datamask_pipeline/definitions.py does not exist"}
@@ -41,6 +41,9 @@ def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout
     env = {**os.environ, "DATAMASK_DATA_ROOT": str(root), "DAGSTER_HOME": str(workdir / "dagster_home"),
            "DATAMASK_PRESET": preset, "DATAMASK_DEVICE": "cpu",
            "DATAMASK_EMBEDDING_DIM": str(dim), "PYTHONPATH": str(repo)}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+        env["DATAMASK_CPU_THREADS"] = str(threads)
     demo_cmd = [sys.executable, "-m", "datamask_pipeline.demo", "--shards", "1", "--rows", str(rows),
                 "--dim", str(dim), "--preset", preset, "--device", "cpu",
                 "--data-root", str(root)]
@@ -79,7 +82,7 @@ def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout
                         import shutil
 
                         shutil.rmtree(p2, ignore_errors=True)
-    out = {"rows": rows, "dim": dim, "preset": preset, "config": cfg, "reps": reps,
+    out = {"rows": rows, "dim": dim, "preset": preset, "config": cfg, "reps": reps, "threads": threads,
            "engine_cli_wall_s": median(runs["engine_cli"]),
            "engine_learn_s": median(learn_s),
            "dagster_demo_wall_s": median(runs["dagster_demo"]),

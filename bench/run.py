@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 TERMS = ("DiSF", "Facility", "Pair_simi")
-SECTIONS = ("time_to_greedy", "term_norm", "hardware", "speedups", "pipeline")
+SECTIONS = ("time_to_greedy", "term_norm", "hardware", "speedups", "pipeline", "peer")
 
 MODES = {
     "quick": dict(sizes=[2000], dim=32, steps=100, rollouts=32, reps=1, reps_small=1,
@@ -79,6 +79,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="time Dagster vs the engine CLI (default: full mode only)")
     p.add_argument("--pipeline-rows", type=int, default=None)
     p.add_argument("--pipeline-dim", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads for the whole run (and OMP_NUM_THREADS of the pipeline "
+                        "subprocesses); default: torch's choice")
+    p.add_argument("--tag", default=None,
+                   help="suffix for the output names (results_<mode>_<tag>.json, REPORT_<tag>.md)")
+    p.add_argument("--peer-path", default=None,
+                   help="folder where apricot-select is installed (pip --target): run the outside "
+                        "peer section (facility location, lambda = 0)")
     p.add_argument("--greedy-points-from", default=None,
                    help="results JSON of an earlier run on the same machine: its measured greedy "
                         "times join the growth fit used for extrapolation")
@@ -140,11 +148,12 @@ def _write(out: Path, res: dict) -> None:
     from .report import render
 
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"results_{res['mode']}.json"
+    tag = f"_{res['tag']}" if res.get("tag") else ""
+    path = out / f"results_{res['mode']}{tag}.json"
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(_jsonable(res), indent=1, allow_nan=False))
     tmp.replace(path)
-    (out / "REPORT.md").write_text(render(_jsonable(res)))
+    (out / f"REPORT{tag}.md").write_text(render(_jsonable(res)))
 
 
 def _warmup(opts, dev) -> None:
@@ -212,13 +221,15 @@ def main(argv=None) -> int:
 
     dev = resolve_device(opts.device)
     opts.device = dev
+    if args.threads:
+        torch.set_num_threads(args.threads)
     t_start = time.perf_counter()
     src = common.DataSource(opts.dim, opts.seed, args.parquet)
     if src.max_n is not None:
         opts.sizes = [n for n in opts.sizes if n <= src.max_n] or [src.max_n]
     cmd = " ".join([".venv/bin/python -m bench.run"] + [shlex.quote(a) for a in
                                                          (argv if argv is not None else sys.argv[1:])])
-    res = {"schema_version": 1, "mode": opts.mode, "command": cmd,
+    res = {"schema_version": 1, "mode": opts.mode, "tag": args.tag, "command": cmd,
            "started": _dt.datetime.now().isoformat(timespec="seconds"),
            "machine": common.machine_info(dev), "data": src.describe(),
            "settings": {"sizes": opts.sizes, "dim": opts.dim, "terms": opts.terms, "steps": opts.steps,
@@ -319,7 +330,11 @@ def main(argv=None) -> int:
             r = kernels.objective_share(xs, qs, cfg, dev, steps=opts.share_steps)
             r.update({"term": term, "n": ns, "G": cfg.n_rollout, "m": cfg.sizes(ns)["batch"]})
             share.append(r)
-        res["hardware"] = {"device": str(dev), "peaks": pk, "kernels": ks, "objective_share": share}
+        log("thread scaling (1 vs all threads, interleaved)")
+        threads = kernels.thread_scaling(xs, qs, dev, ttg.learner_config("DiSF", ns, opts),
+                                         steps=opts.share_steps) if dev.type == "cpu" else None
+        res["hardware"] = {"device": str(dev), "peaks": pk, "kernels": ks, "objective_share": share,
+                           "thread_scaling": threads}
         _write(out, res)
 
     # ------------------------------------------------------------------ speedups
@@ -341,10 +356,21 @@ def main(argv=None) -> int:
 
             shutil.rmtree(work, ignore_errors=True)
             res["pipeline"] = pipeline_overhead(work, opts.pipeline_rows, opts.pipeline_dim,
-                                                preset=opts.pipeline_preset, log=log)
+                                                preset=opts.pipeline_preset, threads=args.threads,
+                                                log=log)
         else:
             res["pipeline"] = {"skipped": "not requested in this mode (--pipeline to run it)"
                                if not opts.pipeline else "CPU only"}
+        _write(out, res)
+
+    # ---------------------------------------------------------------------- peer
+    if "peer" not in opts.skip and args.peer_path:
+        from .peer import run_peer
+
+        n = min(10_000 if opts.mode == "full" else 2000, max(opts.sizes), src.max_n or 10**9)
+        x, q, ids = data(n)
+        log(f"peer: apricot-select facility location vs ours, n={n}")
+        res["peer"] = run_peer(x, q, ids, opts, args.peer_path, log=log)
         _write(out, res)
 
     res["machine"]["loadavg_end"] = common.loadavg()
@@ -352,7 +378,8 @@ def main(argv=None) -> int:
     if torch.cuda.is_available() and dev.type == "cuda":
         res["machine"]["cuda_max_memory_allocated_gib"] = torch.cuda.max_memory_allocated(dev) / 2**30
     _write(out, res)
-    log(f"wrote {out / ('results_' + opts.mode + '.json')} and {out / 'REPORT.md'}")
+    tag = f"_{args.tag}" if args.tag else ""
+    log(f"wrote {out / f'results_{opts.mode}{tag}.json'} and {out / f'REPORT{tag}.md'}")
     return 0
 
 
