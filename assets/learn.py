@@ -15,6 +15,7 @@ CPU cores).
 """
 
 import json
+import pickle
 import time
 from typing import Optional
 
@@ -191,7 +192,7 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
 
     from datamask_pipeline.engine.baselines import quality_topk, random_selection
     from datamask_pipeline.engine.evaluate import evaluate_selection, make_ground_set
-    from datamask_pipeline.engine.learner import DeviceError
+    from datamask_pipeline.engine.learner import DeviceError, check_quality_scale
     from datamask_pipeline.reporting.shard_report import build_shard_report, write_shard_report
 
     t0 = time.perf_counter()
@@ -212,6 +213,7 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
     n, d = shard.n, shard.d
     try:
         cfg.validate(n)
+        check_quality_scale(shard.quality, learner.dtype())
         estimate = learner.estimate(n, d, cfg)
         device = learner.torch_device()
     except (ConfigError, DeviceError) as exc:
@@ -227,8 +229,11 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
     )
 
     ckpt = learner.checkpoint_path(key, data_root.checkpoint(key))
-    res = learner.learn(shard.embeddings, shard.quality, cfg, ids=shard.ids,
-                        checkpoint_path=ckpt, log=context.log.info)
+    try:
+        res = learner.learn(shard.embeddings, shard.quality, cfg, ids=shard.ids,
+                            checkpoint_path=ckpt, log=context.log.info)
+    except pickle.UnpicklingError as exc:  # an unsafe checkpoint: retrying cannot help
+        raise _fail(key, exc, "cannot resume") from exc
     if res.resumed_from is not None:
         context.log.info(f"resumed from the checkpoint at step {res.resumed_from} ({ckpt})")
     k = int(res.selected.sum())

@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated weights for the quality columns")
     ex.add_argument("--embedding-column", default="feature_arr")
     ex.add_argument("--expected-dim", type=int, default=None)
+    ex.add_argument("--quality-min", type=float, default=None,
+                    help="declared lower bound of every quality column (inclusive); a shard "
+                         "with a value below it breaks the data contract")
+    ex.add_argument("--quality-max", type=float, default=None,
+                    help="declared upper bound of every quality column (inclusive)")
     ex.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
     ex.add_argument("--checkpoint", default=None, help="checkpoint file (resumed if it matches)")
     ex.add_argument("--checkpoint-every", type=int, default=100)
@@ -116,7 +121,11 @@ def run(args) -> dict:
             )
     columns = Columns(id=args.id_column, quality=qcols, quality_weights=weights,
                       embedding=args.embedding_column)
-    shard = read_shard(args.input, columns=columns, expected_dim=args.expected_dim)
+    qrange = None
+    if args.quality_min is not None or args.quality_max is not None:
+        qrange = (args.quality_min, args.quality_max)
+    shard = read_shard(args.input, columns=columns, expected_dim=args.expected_dim,
+                       quality_range=qrange)
     cfg.validate(shard.n)
 
     dtype = torch.float32
@@ -174,13 +183,16 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    import pickle
+
     from .data import DataContractError
     from .learner import DeviceError
     from .storage import StorageError
 
     try:
         summary = run(args)
-    except (ConfigError, DeviceError, DataContractError, StorageError) as exc:
+    except (ConfigError, DeviceError, DataContractError, StorageError,
+            pickle.UnpicklingError) as exc:  # UnpicklingError: an unsafe --checkpoint file
         print(f"train_mask: error: {exc}", file=sys.stderr)
         return 2
     text = json.dumps(summary, indent=2, default=str)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -150,6 +151,25 @@ def estimate_memory(
     return out
 
 
+def check_quality_scale(q, dtype: torch.dtype = torch.float32) -> None:
+    """Pre-flight: raise ConfigError when the quality scores are so large that a sum of n of
+    them (the objective averages quality over masks and over the whole selection) overflows
+    the learner's ``dtype`` arithmetic: the learner would silently produce Inf scores and NaN
+    logits. Legal but huge scores must be scaled down first (quality weights)."""
+    q = np.asarray(q.detach().cpu().double() if isinstance(q, torch.Tensor) else q, dtype=np.float64)
+    if q.size == 0:
+        return
+    qmax = float(np.abs(q).max())
+    limit = float(torch.finfo(dtype).max)
+    if not math.isfinite(qmax) or qmax * q.size > limit:
+        raise ConfigError(
+            f"quality scores up to |q| = {qmax:.6g} overflow {str(dtype).replace('torch.', '')} "
+            f"arithmetic when {q.size} of them are summed (limit |q| * n <= {limit:.3g}): scale "
+            "them down with the quality weights (--quality-weights / DataContract.quality_weights) "
+            "or normalise the quality column(s)"
+        )
+
+
 def initial_logits(q: torch.Tensor, init: str) -> torch.Tensor:
     if init == "same":
         return torch.zeros_like(q, dtype=torch.float32)
@@ -222,7 +242,16 @@ def load_checkpoint(path: str) -> dict | None:
     with fs.open_input_stream(p) as fh:
         buf = io.BytesIO(fh.read())
     # weights_only: tensors, numbers, strings and containers only; no code runs on load.
-    return torch.load(buf, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(buf, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        why = next((ln for ln in lines if "GLOBAL" in ln), lines[0] if lines else "")
+        raise pickle.UnpicklingError(
+            f"checkpoint {path}: refused by the weights-only loader: it holds objects other "
+            f"than tensors and plain data, which could run code when loaded ({why}); delete "
+            "it to start from scratch"
+        ) from exc
 
 
 def sample_masks(logits_b: torch.Tensor, G: int, k: int, gen: torch.Generator) -> torch.Tensor:
@@ -272,6 +301,7 @@ def learn(
     n, d = x.shape
     cfg.validate(n)
     sz = cfg.sizes(n)
+    check_quality_scale(q, dtype)
     estimate_memory(n, d, cfg, dev, itemsize=torch.finfo(dtype).bits // 8, mem_budget=mem_budget)
     k, m, kb, G, T = sz["k"], sz["batch"], sz["k_batch"], cfg.n_rollout, cfg.n_epochs
     every = progress_every or max(1, T // 100)
