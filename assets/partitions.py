@@ -29,12 +29,15 @@ class RawScan:
 
 
 def scan_raw(raw_root) -> RawScan:
-    """List ``*.parquet`` files directly under ``raw_root`` and derive their partition keys."""
+    """List ``*.parquet`` files directly under ``raw_root`` and derive their partition keys.
+    A file that is a symlink resolving outside ``raw_root`` is invalid (it could never be read:
+    ``DataRoot.raw_shard`` refuses it)."""
     out = RawScan()
     for uri in storage.list_files(raw_root, suffix=".parquet"):
         try:
             key = storage.partition_key_for(uri)
-        except ValueError as exc:
+            storage.safe_child(raw_root, uri.rstrip("/").rsplit("/", 1)[-1], allow_subdirs=False)
+        except (ValueError, storage.StorageError) as exc:
             out.invalid.append((uri, str(exc)))
             continue
         out.shards[key] = uri
