@@ -191,7 +191,7 @@ def speedups(x_np, q_np, device, *, G: int, reps: int = 7, quick: bool = False) 
     import datamask_pipeline.engine.objectives as O
     from datamask_pipeline.engine.config import LearnerConfig
     from datamask_pipeline.engine.objectives import Batch
-    from datamask_pipeline.engine.polish import _FacState, _fac_accumulate, _unit
+    from datamask_pipeline.engine.polish import DENSE_ABOVE, _FacState, _fac_accumulate, _unit
 
     dev = torch.device(device)
     out = []
@@ -240,7 +240,8 @@ def speedups(x_np, q_np, device, *, G: int, reps: int = 7, quick: bool = False) 
     a2, c2 = sparse()
     r = interleaved({"before": lambda: fac_block_dense(Sc, st.b1, st.b2, st.p1, k),
                      "after": sparse}, reps=reps, device=dev)
-    out.append({"what": f"polish facility block gains (dense -> sparse), n={nn_}, c={c}",
+    out.append({"what": f"polish facility block gains: dense passes -> engine (sparse below "
+                        f"{DENSE_ABOVE:.0%} density), n={nn_}, c={c}",
                 "before_s": r["before"]["median_s"], "after_s": r["after"]["median_s"],
                 "speedup": r["before"]["median_s"] / r["after"]["median_s"],
                 "max_abs_diff": float(max((a1 - a2).abs().max(), (c1 - c2).abs().max())),
