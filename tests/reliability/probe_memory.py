@@ -1,13 +1,15 @@
 """Peak-memory probe: run one pipeline step body on a partition in a fresh process and report
 how much the process's resident-set high-water mark (``ru_maxrss``) rose during it.
 
-    python -m tests.reliability.probe_memory {validate|select} DATA_ROOT WARM_KEY KEY
+    python -m tests.reliability.probe_memory {validate|select} DATA_ROOT WARM_KEY SMALL_KEY LARGE_KEY
 
 ``validate``: the blocking DuckDB checks of ``features/KEY.parquet`` (the real
 ``validate_features`` multi-check, invoked directly). ``select``: the real ``selected_subset``
 asset body (streams the raw shard, writes ``selected/KEY.parquet``). The same step runs first
-on the small partition WARM_KEY so that imports, DuckDB's and Arrow's allocators and code paths
-are warm; the reported number is the rise of the peak during the KEY run. Prints JSON.
+on the tiny partition WARM_KEY so that imports, DuckDB's and Arrow's allocators and code paths
+are warm; then on SMALL_KEY, then on LARGE_KEY. Reported: ``small``, the rise of the peak during
+the SMALL_KEY run, and ``large``, the rise during SMALL_KEY and LARGE_KEY together (the peak the
+large shard needs over the warm process). Prints JSON.
 """
 
 import json
@@ -20,7 +22,7 @@ def _peak() -> int:
 
 
 def main(argv=None) -> int:
-    mode, root, warm, key = (argv or sys.argv[1:])[:4]
+    mode, root, warm, small, large = (argv or sys.argv[1:])[:5]
     import dagster as dg
     from dagster_duckdb import DuckDBResource
 
@@ -43,11 +45,13 @@ def main(argv=None) -> int:
         return res.metadata["dagster/row_count"]
 
     run(warm)
-    before = _peak()
-    n = run(key)
-    after = _peak()
-    print(json.dumps({"mode": mode, "key": key, "result": n, "peak_before": before,
-                      "peak_after": after, "rise": after - before}))
+    base = _peak()
+    n_small = run(small)
+    after_small = _peak()
+    n_large = run(large)
+    after_large = _peak()
+    print(json.dumps({"mode": mode, "results": [n_small, n_large],
+                      "small": after_small - base, "large": after_large - base}))
     return 0
 
 

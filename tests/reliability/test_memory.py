@@ -53,10 +53,10 @@ def _prepare(root: DataRoot, key: str, n: int) -> int:
     return n * MEM_DIM * 4
 
 
-def _probe(mode, root, key) -> dict:
+def _probe(mode, root, small, large) -> dict:
     r = subprocess.run([sys.executable, "-m", "tests.reliability.probe_memory", mode, root.root,
-                        "warm", key], cwd=str(REPO), env=clean_env(), capture_output=True,
-                       text=True, timeout=300)
+                        "warm", f"n{small}", f"n{large}"], cwd=str(REPO), env=clean_env(),
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -65,12 +65,12 @@ def _measure(tmp_path, small, large):
     root = DataRoot(root=str(tmp_path / "data"))
     _prepare(root, "warm", 2000)
     emb = {n: _prepare(root, f"n{n}", n) for n in (small, large)}
-    jobs = [(mode, n) for mode in ("validate", "select") for n in (small, large)]
     with ThreadPoolExecutor(2) as pool:
-        res = dict(zip(jobs, pool.map(lambda j: _probe(j[0], root, f"n{j[1]}"), jobs)))
-    for (mode, n), r in res.items():
-        assert r["result"] == (6 if mode == "validate" else n // 10), r
-    rises = {k: v["rise"] for k, v in res.items()}
+        res = dict(zip(("validate", "select"),
+                       pool.map(lambda m: _probe(m, root, small, large), ("validate", "select"))))
+    assert res["validate"]["results"] == [6, 6]
+    assert res["select"]["results"] == [small // 10, large // 10]
+    rises = {(m, n): res[m]["small" if n == small else "large"] for m in res for n in (small, large)}
     print("\npeak RSS rise (MiB): " + ", ".join(f"{m} {n:,} rows: {v / MiB:.1f}"
                                                 for (m, n), v in sorted(rises.items())))
     return rises, emb
