@@ -533,6 +533,7 @@ def write_selected_rows(raw_uri, out_uri, selected_ids, id_column: str,
                 try:
                     pending, pending_rows = [], 0
                     for batch in _batches(pf, raw_uri, batch_size):
+                        _check_utf8(batch, raw_uri, id_column)
                         mask = pc.is_in(batch.column(id_column), value_set=value_set)
                         kept = batch.filter(mask)
                         if kept.num_rows:
@@ -609,6 +610,33 @@ def _value_set(selected_ids, id_type, raw_uri, id_column) -> pa.Array:
                                   rule="selected ids match the id column type",
                                   detail=str(exc)) from exc
     return arr
+
+
+def _check_utf8(batch: pa.RecordBatch, raw_uri, id_column: str) -> None:
+    """Parquet readers do not validate string bytes; a copied invalid string would break every
+    reader of the output. Full validation is one linear pass over the string buffers; the
+    offending rows are located (Python, error path only) to name their ids."""
+    for i, field in enumerate(batch.schema):
+        t = field.type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            continue
+        col = batch.column(i)
+        try:
+            col.validate(full=True)
+        except pa.ArrowInvalid:
+            raw = col.cast(pa.large_binary() if pa.types.is_large_string(t) else pa.binary())
+            bad = []
+            for r, v in enumerate(raw.to_pylist()):
+                if v is None:
+                    continue
+                try:
+                    v.decode("utf-8")
+                except UnicodeDecodeError:
+                    bad.append(r)
+            ids = batch.column(id_column).take(pa.array(bad[:10])).to_pylist()
+            raise _contract_error(file=str(raw_uri), column=field.name, rule="valid UTF-8 text",
+                                  ids=ids, count=len(bad),
+                                  detail="the string holds bytes that are not UTF-8") from None
 
 
 def _dup_values(arr: pa.Array) -> list:
