@@ -46,6 +46,10 @@ from resources.storage import DataRoot
 from .ingest import EMBEDDING, ID, QUALITY, features
 
 TABLE = "features"
+# DuckDB memory limit of one validation step unless the duckdb resource's connection_config
+# sets one: bounds the checks' memory whatever the shard size (the unique-id hash table needs
+# about 45 bytes per row).
+VALIDATION_MEMORY_LIMIT = "1GB"
 RULE_SCHEMA = "canonical features schema"
 EXPECTED_TYPES = {ID: ("BIGINT", "VARCHAR"), QUALITY: ("DOUBLE",), EMBEDDING: ("FLOAT[]",)}
 
@@ -317,6 +321,10 @@ def validate_features(context: dg.AssetCheckExecutionContext, data_root: DataRoo
                                       description=msg, metadata={"partition": key})
         return
     with duckdb.get_connection() as con:
+        if "memory_limit" not in (duckdb.connection_config or {}):
+            # DuckDB's buffer pool otherwise grows towards 80% of the machine's memory with the
+            # shard size (decompressed row groups it keeps), in every parallel partition
+            con.execute(f"SET memory_limit = {sql_string(VALIDATION_MEMORY_LIMIT)}")
         if local:
             # DuckDB's own parquet reader streams row groups: memory stays flat in the shard
             # size. (Through a registered pyarrow dataset the Arrow scan kept the scanned
