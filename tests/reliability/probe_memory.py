@@ -7,18 +7,46 @@ how much the process's resident-set high-water mark (``ru_maxrss``) rose during 
 ``validate_features`` multi-check, invoked directly). ``select``: the real ``selected_subset``
 asset body (streams the raw shard, writes ``selected/KEY.parquet``). The same step runs first
 on the tiny partition WARM_KEY so that imports, DuckDB's and Arrow's allocators and code paths
-are warm; then on SMALL_KEY, then on LARGE_KEY. Reported: ``small``, the rise of the peak during
-the SMALL_KEY run, and ``large``, the rise during SMALL_KEY and LARGE_KEY together (the peak the
-large shard needs over the warm process). Prints JSON.
+are warm; then on SMALL_KEY, then on LARGE_KEY. For each, a sampler thread reads the resident
+set size (/proc/self/statm) every 2 ms: reported is the highest RSS during the run minus the RSS
+at its start (``ru_maxrss`` alone would hide a rise below an earlier peak). Prints JSON.
 """
 
+import gc
 import json
+import os
 import resource
 import sys
+import threading
+import time
 
 
-def _peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class RssSampler:
+    """Highest RSS seen while the block runs, minus the RSS when it started."""
+
+    def __enter__(self):
+        self.start = self.peak = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss())
+        self.rise = self.peak - self.start
+        return False
 
 
 def main(argv=None) -> int:
@@ -45,13 +73,14 @@ def main(argv=None) -> int:
         return res.metadata["dagster/row_count"]
 
     run(warm)
-    base = _peak()
-    n_small = run(small)
-    after_small = _peak()
-    n_large = run(large)
-    after_large = _peak()
-    print(json.dumps({"mode": mode, "results": [n_small, n_large],
-                      "small": after_small - base, "large": after_large - base}))
+    gc.collect()
+    with RssSampler() as small_mem:
+        n_small = run(small)
+    gc.collect()
+    with RssSampler() as large_mem:
+        n_large = run(large)
+    print(json.dumps({"mode": mode, "results": [n_small, n_large], "small": small_mem.rise,
+                      "large": large_mem.rise, "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
     return 0
 
 

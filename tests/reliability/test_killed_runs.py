@@ -44,6 +44,7 @@ from .helpers import (
     BIN,
     DIM,
     REPO,
+    SECRET_SENTINEL,
     dagster_env,
     good_table,
     init_home,
@@ -240,6 +241,7 @@ def _sigkill_dagster_mask(sw, seed, module="datamask_pipeline.definitions", extr
         rc = kill_group(p)
     text = open(log_path).read()
     assert rc == -9, f"the run finished before the kill (rc {rc}):\n{text[-2000:]}"
+    assert SECRET_SENTINEL not in text  # the secret in its environment is never logged
     assert not os.path.exists(root.mask(key))  # nothing published by the killed run
     assert visible_files(os.path.dirname(ck)) == [os.path.basename(ck)]
     return _load_step(ck), text
