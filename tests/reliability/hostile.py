@@ -24,7 +24,8 @@ Decisions recorded here (also in the README of this directory):
   the mask step with "a shard needs at least 2 rows";
 * text that is not valid UTF-8 is fine in a *binary* column (carried byte for byte); in a
   *string* column it makes a file that breaks the Parquet spec and that DuckDB refuses to read
-  (the corpus catalog's ``selected_rows`` view), so it must be refused.
+  (the corpus catalog's ``selected_rows`` view), so it is refused when the selected rows are
+  copied (stage ``select``).
 """
 
 from __future__ import annotations
