@@ -17,15 +17,7 @@ from datamask_pipeline.engine.sample import make_table
 
 from .test_cli import run_cli
 
-TERMS = ("DiSF", "Facility", "Pair_simi")
-
-
-def _data(n, d, seed):
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(3, d))
-    x = centers[rng.integers(0, 3, n)] + 0.6 * rng.normal(size=(n, d))
-    q = rng.random(n)
-    return x, q  # float64: polish then works in float64
+from .test_baselines import TERMS, _data  # _data is float64: polish then works in float64
 
 
 def _f(x, q, sel, term, lamb):
