@@ -160,6 +160,6 @@ def test_a_failed_publish_is_a_storage_error_and_publishes_nothing(s3fs, bucket)
     # caller gets a StorageError naming the target, and the target does not appear.
     fs, path = storage.resolve(f"s3://{bucket}/root/out/x.parquet")
     with pytest.raises(storage.StorageError, match="could not be published"):
-        storage._publish_object(fs, f"{bucket}/root/out/.x.parquet.tmp-gone", path,
-                                f"s3://{bucket}/root/out/x.parquet")
+        storage.publish._publish_object(fs, f"{bucket}/root/out/.x.parquet.tmp-gone", path,
+                                        f"s3://{bucket}/root/out/x.parquet")
     assert list_objects(s3fs, bucket) == {}
