@@ -11,7 +11,8 @@ a quoted literal: DDL takes no parameters).
 Every check is blocking: when one fails, the run's downstream steps (mask learning, the
 selected subset) do not run, so a bad shard never reaches the GPU. A failing check says which
 partition, file, column and rule, how many rows break it and up to 10 offending ids, in the
-engine's wording (``engine.data.DataContractError``)::
+engine's wording (``engine.data.DataContractError``). The rules, their names, descriptions and
+SQL predicates come from ``engine.contract``, the same rules the engine's reader applies::
 
     partition 'shard_007': data/raw/shard_007.parquet: column 'feature_arr': rule 'finite
     embeddings' broken by 2 rows; ids: [17, 301]; checked in data/features/shard_007.parquet
@@ -23,23 +24,10 @@ import os
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
+from datamask_pipeline.engine import contract as C
 from datamask_pipeline.engine import storage
-from datamask_pipeline.engine.data import (
-    MAX_IDS,
-    RULE_EMB_EMPTY,
-    RULE_EMB_FINITE,
-    RULE_EMB_NULL,
-    RULE_EMB_RAGGED,
-    RULE_EMB_ZERO,
-    RULE_ID_NULL,
-    RULE_ID_UNIQUE,
-    RULE_Q_FINITE,
-    RULE_Q_NULL,
-    RULE_ROWS,
-    DataContractError,
-    rule_expected_dim,
-    rule_quality_range,
-)
+from datamask_pipeline.engine.contract import rule_expected_dim, rule_quality_range
+from datamask_pipeline.engine.data import MAX_IDS, DataContractError
 from resources.contract import DataContract
 from resources.storage import DataRoot
 
@@ -53,17 +41,26 @@ VALIDATION_MEMORY_LIMIT = "1GB"
 RULE_SCHEMA = "canonical features schema"
 EXPECTED_TYPES = {ID: ("BIGINT", "VARCHAR"), QUALITY: ("DOUBLE",), EMBEDDING: ("FLOAT[]",)}
 
+# The contract's rules each value check evaluates, in the engine's order: every rule with a SQL
+# form, each in one check (the others are enforced while ingesting the raw file).
+CHECK_RULES = {
+    "non_empty": (C.ROWS,),
+    "unique_ids": (C.ID_NULL, C.ID_UNIQUE),
+    "finite_quality": (C.Q_NULL, C.Q_FINITE, C.Q_RANGE),
+    "embedding_dim": (C.EMB_DIM, C.EMB_RAGGED, C.EMB_EMPTY),
+    "finite_nonzero_embeddings": (C.EMB_NULL, C.EMB_FINITE, C.EMB_ZERO),
+}
+
+
+def _describe(rules) -> str:
+    text = "; ".join(r.description for r in rules)
+    return text[0].upper() + text[1:] + "."
+
+
 CHECKS = {
     "schema": "The features parquet has exactly the canonical columns: id (BIGINT or VARCHAR), "
               "quality (DOUBLE), embedding (FLOAT[]).",
-    "non_empty": "The shard has at least one row.",
-    "unique_ids": "Every id is non-null and occurs once.",
-    "finite_quality": "Every quality score is non-null and finite, and within the declared "
-                      "range (DataContract.quality_min / quality_max) when one is configured.",
-    "embedding_dim": "Every embedding has the same, non-zero length, equal to the configured "
-                     "dimension (DataContract.expected_dim) when one is configured.",
-    "finite_nonzero_embeddings": "No embedding is null, contains NaN/Inf/null values, or is "
-                                 "all zeros.",
+    **{name: _describe(rules) for name, rules in CHECK_RULES.items()},
 }
 
 
@@ -78,6 +75,8 @@ def sql_string(value: str) -> str:
 
 
 T, I, Q, E = q(TABLE), q(ID), q(QUALITY), q(EMBEDDING)
+# A contract role's column in the canonical features file.
+COLUMN = {C.ID: ID, C.QUALITY: QUALITY, C.EMBEDDING: EMBEDDING}
 # Row numbers in file order (DuckDB preserves insertion order for a single scan).
 NUMBERED = f"(SELECT row_number() OVER () - 1 AS rn, * FROM {T})"
 
@@ -129,116 +128,85 @@ def check_schema(con, ctx: _Context) -> list:
     return []
 
 
+def _broken_rows(con, ctx: _Context, rule: C.Rule, name=None, detail=None, **params) -> list:
+    """``[(rule name, message, count, ids)]`` when rows break the ``rows`` rule ``rule``, else
+    ``[]``. ``name``: the rule's name with its parameters; ``detail``: text or a function
+    giving it (run only on failure)."""
+    column = COLUMN[rule.columns[0]]
+    where, args = rule.where(q(column), **params)
+    count, ids, rows = _offenders(con, where, args)
+    if not count:
+        return []
+    name = name or rule.name
+    msg = ctx.message(name, column, ids=ids, count=count, rows=None if ids else rows,
+                      detail=detail() if callable(detail) else detail)
+    return [(name, msg, count, ids)]
+
+
 def check_non_empty(con, ctx: _Context) -> list:
-    n = con.execute(f"SELECT count(*) FROM {T}").fetchall()[0][0]
-    if n == 0:
-        return [(RULE_ROWS, ctx.message(RULE_ROWS, detail="the shard has no rows"), 0, [])]
+    if con.execute(f"SELECT {C.ROWS.sql} FROM {T}").fetchall()[0][0]:
+        return [(C.ROWS.name, ctx.message(C.ROWS.name, detail=C.ROWS.detail), 0, [])]
     return []
 
 
 def check_unique_ids(con, ctx: _Context) -> list:
-    out = []
-    count, _ids, rows = _offenders(con, f"{I} IS NULL")
-    if count:
-        out.append((RULE_ID_NULL, ctx.message(RULE_ID_NULL, ID, count=count, rows=rows), count, []))
+    out = _broken_rows(con, ctx, C.ID_NULL)
+    rule = C.ID_UNIQUE
+    groups = f"WHERE {I} IS NOT NULL GROUP BY {I} HAVING {rule.sql}"
     dup_rows, dup_ids = con.execute(
-        f"SELECT coalesce(sum(c - 1), 0), count(*) FROM "
-        f"(SELECT count(*) AS c FROM {T} WHERE {I} IS NOT NULL GROUP BY {I} HAVING count(*) > 1)"
+        f"SELECT coalesce(sum(c - 1), 0), count(*) FROM (SELECT count(*) AS c FROM {T} {groups})"
     ).fetchall()[0]
     if dup_ids:
         ids = [r[0] for r in con.execute(
-            f"SELECT {I} FROM {NUMBERED} WHERE {I} IS NOT NULL GROUP BY {I} "
-            f"HAVING count(*) > 1 ORDER BY min(rn) LIMIT ?", [MAX_IDS]).fetchall()]
-        msg = ctx.message(RULE_ID_UNIQUE, ID, ids=ids, count=int(dup_rows),
-                          detail=f"{dup_ids} distinct ids occur more than once")
-        out.append((RULE_ID_UNIQUE, msg, int(dup_rows), ids))
+            f"SELECT {I} FROM {NUMBERED} {groups} ORDER BY min(rn) LIMIT ?", [MAX_IDS]).fetchall()]
+        msg = ctx.message(rule.name, ID, ids=ids, count=int(dup_rows),
+                          detail=rule.detail.format(groups=dup_ids))
+        out.append((rule.name, msg, int(dup_rows), ids))
     return out
 
 
 def check_finite_quality(con, ctx: _Context) -> list:
-    out = []
-    count, ids, rows = _offenders(con, f"{Q} IS NULL")
-    if count:
-        out.append((RULE_Q_NULL, ctx.message(RULE_Q_NULL, QUALITY, ids=ids, count=count,
-                                             rows=None if ids else rows), count, ids))
-    count, ids, rows = _offenders(con, f"{Q} IS NOT NULL AND NOT isfinite({Q})")
-    if count:
-        out.append((RULE_Q_FINITE, ctx.message(RULE_Q_FINITE, QUALITY, ids=ids, count=count,
-                                               rows=None if ids else rows), count, ids))
+    out = _broken_rows(con, ctx, C.Q_NULL) + _broken_rows(con, ctx, C.Q_FINITE)
     lo, hi = ctx.contract.quality_min, ctx.contract.quality_max
     if lo is not None or hi is not None:
-        conds, params = [], []
-        if lo is not None:
-            conds.append(f"{Q} < ?")
-            params.append(float(lo))
-        if hi is not None:
-            conds.append(f"{Q} > ?")
-            params.append(float(hi))
-        where = f"isfinite({Q}) AND ({' OR '.join(conds)})"
-        count, ids, rows = _offenders(con, where, params)
-        if count:
-            qmin, qmax = con.execute(f"SELECT min({Q}), max({Q}) FROM {T} WHERE isfinite({Q})").fetchall()[0]
-            rule = rule_quality_range(lo, hi)
-            out.append((rule, ctx.message(rule, QUALITY, ids=ids, count=count,
-                                          rows=None if ids else rows,
-                                          detail=f"found min {qmin:.6g}, max {qmax:.6g}"), count, ids))
+        def found():
+            qmin, qmax = con.execute(
+                f"SELECT min({Q}), max({Q}) FROM {T} WHERE isfinite({Q})").fetchall()[0]
+            return C.Q_RANGE.detail.format(min=qmin, max=qmax)
+
+        out += _broken_rows(con, ctx, C.Q_RANGE, name=rule_quality_range(lo, hi), detail=found,
+                            lo=lo, hi=hi)
     return out
 
 
 def check_embedding_dim(con, ctx: _Context) -> list:
-    out = []
     lengths = con.execute(
         f"SELECT len({E}) AS d, count(*) AS c FROM {T} WHERE {E} IS NOT NULL "
         f"GROUP BY d ORDER BY c DESC, d"
     ).fetchall()
     if not lengths:
-        return out
+        return []
     expected = ctx.contract.expected_dim
     if expected is not None:
         expected = int(expected)
-        count, ids, rows = _offenders(con, f"{E} IS NOT NULL AND len({E}) <> ?", [expected])
-        if count:
-            found = sorted({d for d, _ in lengths if d != expected})[:MAX_IDS]
-            rule = rule_expected_dim(expected)
-            out.append((rule, ctx.message(rule, EMBEDDING, ids=ids, count=count,
-                                          rows=None if ids else rows,
-                                          detail=f"found length(s) {found}"), count, ids))
+        found = sorted({d for d, _ in lengths if d != expected})[:MAX_IDS]
+        out = _broken_rows(con, ctx, C.EMB_DIM, name=rule_expected_dim(expected),
+                           detail=C.EMB_DIM.detail.format(found=found), d=expected)
+        if out:  # as in the engine, a wrong dimension is the one failure reported
             return out
-    d = int(lengths[0][0])
-    if len(lengths) > 1:
-        count, ids, rows = _offenders(con, f"{E} IS NOT NULL AND len({E}) <> ?", [d])
+    out = []
+    if len(lengths) > 1:  # one length: nothing can be ragged, spare a scan of the embeddings
+        d = int(lengths[0][0])  # the most common length, the smallest on a tie
         others = sorted(x for x, _ in lengths[1:])[:MAX_IDS]
-        out.append((RULE_EMB_RAGGED, ctx.message(
-            RULE_EMB_RAGGED, EMBEDDING, ids=ids, count=count, rows=None if ids else rows,
-            detail=f"most rows have length {d}; others have {others}"), count, ids))
-    count, ids, rows = _offenders(con, f"{E} IS NOT NULL AND len({E}) = 0")
-    if count:
-        out.append((RULE_EMB_EMPTY, ctx.message(RULE_EMB_EMPTY, EMBEDDING, ids=ids, count=count,
-                                                rows=None if ids else rows), count, ids))
-    return out
+        out = _broken_rows(con, ctx, C.EMB_RAGGED, d=d,
+                           detail=C.EMB_RAGGED.detail.format(d=d, others=others))
+    return out + _broken_rows(con, ctx, C.EMB_EMPTY)
 
 
 def check_embedding_values(con, ctx: _Context) -> list:
-    out = []
-    count, ids, rows = _offenders(con, f"{E} IS NULL")
-    if count:
-        out.append((RULE_EMB_NULL, ctx.message(RULE_EMB_NULL, EMBEDDING, ids=ids, count=count,
-                                               rows=None if ids else rows), count, ids))
-    # A null element counts as non-finite, as in the engine.
-    nonfinite = (f"{E} IS NOT NULL AND "
-                 f"list_bool_or(list_transform({E}, lambda v: coalesce(NOT isfinite(v), true)))")
-    count, ids, rows = _offenders(con, nonfinite)
-    if count:
-        out.append((RULE_EMB_FINITE, ctx.message(
-            RULE_EMB_FINITE, EMBEDDING, ids=ids, count=count, rows=None if ids else rows,
-            detail="NaN, Inf, null or float32 overflow inside the vector"), count, ids))
-    zero = (f"{E} IS NOT NULL AND len({E}) > 0 AND "
-            f"list_bool_and(list_transform({E}, lambda v: coalesce(v = 0, false)))")
-    count, ids, rows = _offenders(con, zero)
-    if count:
-        out.append((RULE_EMB_ZERO, ctx.message(RULE_EMB_ZERO, EMBEDDING, ids=ids, count=count,
-                                               rows=None if ids else rows), count, ids))
-    return out
+    return (_broken_rows(con, ctx, C.EMB_NULL)
+            + _broken_rows(con, ctx, C.EMB_FINITE, detail=C.EMB_FINITE.detail)
+            + _broken_rows(con, ctx, C.EMB_ZERO))
 
 
 RUNNERS = {

@@ -11,7 +11,9 @@ up to 10 offending ids, e.g.::
 
     shard_000.parquet: column 'feature_arr': rule 'finite embeddings' broken by 3 rows; ids: [5, 9, 12]
 
-All checks are vectorised (pyarrow.compute / numpy); nothing loops over rows in Python.
+The rules themselves (names, predicates, message details) live in :mod:`engine.contract`;
+this module reads a shard and applies them, vectorised (pyarrow.compute / numpy): nothing loops
+over rows in Python.
 """
 
 from __future__ import annotations
@@ -25,71 +27,32 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import storage
+from . import contract as C
+from .contract import rule_expected_dim, rule_quality_range
+from .errors import MAX_IDS, DataContractError
 
 __all__ = ["DataContractError", "Columns", "Shard", "read_shard", "table_to_shard", "check_schema",
-           "MAX_IDS"]
+           "MAX_IDS", "rule_quality_range", "rule_expected_dim"]
 
-MAX_IDS = 10
 _BLOCK_ROWS = 65536
 
-# Rule names (stable strings: tests and callers match on them).
-RULE_READABLE = "not a readable parquet file"
-RULE_PRESENT = "column present"
-RULE_ID_TYPE = "id column is integer or string"
-RULE_ID_INT64 = "integer ids fit in int64"
-RULE_QUALITY_TYPE = "quality column is numeric"
-RULE_EMB_TYPE = "embedding column is a list of floats"
-RULE_ROWS = "at least one row"
-RULE_ID_NULL = "non-null ids"
-RULE_ID_UNIQUE = "unique ids"
-RULE_Q_NULL = "non-null quality"
-RULE_Q_FINITE = "finite quality"
-RULE_EMB_NULL = "non-null embeddings"
-RULE_EMB_RAGGED = "equal embedding lengths"
-RULE_EMB_EMPTY = "non-empty embeddings"
-RULE_EMB_FINITE = "finite embeddings"
-RULE_EMB_ZERO = "non-zero embeddings"
-
-
-def rule_quality_range(lo, hi) -> str:
-    return f"quality in [{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
-
-
-def rule_expected_dim(d: int) -> str:
-    return f"embedding dimension {d}"
-
-
-class DataContractError(ValueError):
-    """A shard that breaks the data contract.
-
-    Attributes: ``file``, ``column`` (None for file-level problems), ``rule``, ``ids`` (up to
-    10 offending ids; empty when the ids themselves are null, see ``rows``), ``rows`` (up to
-    10 offending row numbers), ``count`` (how many rows/ids break the rule), ``detail``."""
-
-    def __init__(self, file, rule: str, column: str | None = None, ids=None, count=None,
-                 unit: str = "rows", detail: str | None = None, rows=None):
-        self.file = str(file)
-        self.column = column
-        self.rule = rule
-        self.ids = list(ids or [])[:MAX_IDS]
-        self.rows = list(rows or [])[:MAX_IDS]
-        self.count = count
-        self.detail = detail
-        msg = f"{self.file}: "
-        if column is not None:
-            msg += f"column {column!r}: "
-        msg += f"rule {rule!r} broken"
-        if count is not None:
-            if count == 1 and unit.endswith("s"):
-                unit = unit[:-1]
-            msg += f" by {count} {unit}"
-        if self.ids:
-            msg += f"; ids: {self.ids}"
-        if self.rows:
-            msg += f"; row numbers: {self.rows}"
-        if detail:
-            msg += f"; {detail}"
-        super().__init__(msg)
+# Rule names (stable strings: tests and callers match on them), defined in engine.contract.
+RULE_READABLE = C.READABLE.name
+RULE_PRESENT = C.PRESENT.name
+RULE_ID_TYPE = C.ID_TYPE.name
+RULE_ID_INT64 = C.ID_INT64.name
+RULE_QUALITY_TYPE = C.QUALITY_TYPE.name
+RULE_EMB_TYPE = C.EMB_TYPE.name
+RULE_ROWS = C.ROWS.name
+RULE_ID_NULL = C.ID_NULL.name
+RULE_ID_UNIQUE = C.ID_UNIQUE.name
+RULE_Q_NULL = C.Q_NULL.name
+RULE_Q_FINITE = C.Q_FINITE.name
+RULE_EMB_NULL = C.EMB_NULL.name
+RULE_EMB_RAGGED = C.EMB_RAGGED.name
+RULE_EMB_EMPTY = C.EMB_EMPTY.name
+RULE_EMB_FINITE = C.EMB_FINITE.name
+RULE_EMB_ZERO = C.EMB_ZERO.name
 
 
 @dataclass(frozen=True)
@@ -97,10 +60,10 @@ class Columns:
     """Column names of a shard. Several quality columns are summed, weighted by
     ``quality_weights`` (default all 1)."""
 
-    id: str = "chunk_id"
-    quality: tuple = ("quality_score",)
+    id: str = C.DEFAULT_NAMES[C.ID]
+    quality: tuple = (C.DEFAULT_NAMES[C.QUALITY],)
     quality_weights: tuple | None = None
-    embedding: str = "feature_arr"
+    embedding: str = C.DEFAULT_NAMES[C.EMBEDDING]
 
     def __post_init__(self):
         q = self.quality
@@ -126,6 +89,10 @@ class Columns:
     @property
     def weights(self) -> tuple:
         return self.quality_weights if self.quality_weights is not None else (1.0,) * len(self.quality)
+
+    def of(self, role: str) -> tuple:
+        """The column name(s) of a contract role (``contract.ID``, ``QUALITY``, ``EMBEDDING``)."""
+        return {C.ID: (self.id,), C.QUALITY: self.quality, C.EMBEDDING: (self.embedding,)}[role]
 
     def needed(self) -> list:
         out = []
@@ -156,32 +123,19 @@ class Shard:
 
 
 # ------------------------------------------------------------------ schema checks
-def _is_string(t) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
-
-
-def _is_list(t) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
-
-
 def check_schema(schema: pa.Schema, path: str, columns: Columns) -> None:
-    """Raise DataContractError for a missing column or a column of the wrong type."""
+    """Raise DataContractError for a missing column or a column of the wrong type (the
+    contract's ``type`` rules, in its order: every column is present before any type is read)."""
     names = schema.names
-    for c in columns.needed():
-        if c not in names:
-            raise DataContractError(path, RULE_PRESENT, column=c,
-                                    detail=f"available columns: {names}")
-    t = schema.field(columns.id).type
-    if not (pa.types.is_integer(t) or _is_string(t)):
-        raise DataContractError(path, RULE_ID_TYPE, column=columns.id, detail=f"found type {t}")
-    for c in columns.quality:
-        t = schema.field(c).type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
-            raise DataContractError(path, RULE_QUALITY_TYPE, column=c, detail=f"found type {t}")
-    t = schema.field(columns.embedding).type
-    if not (_is_list(t) and pa.types.is_floating(t.value_type)):
-        raise DataContractError(path, RULE_EMB_TYPE, column=columns.embedding,
-                                detail=f"found type {t}")
+    for rule in C.RULES:
+        if rule.scope != "type":
+            continue
+        for role in rule.columns:
+            for c in columns.of(role):
+                t = schema.field(c).type if c in names else None
+                if rule.arrow(t):
+                    raise DataContractError(path, rule.name, column=c,
+                                            detail=rule.detail.format(names=names, type=t))
 
 
 def _combine(col) -> pa.Array:
@@ -204,8 +158,8 @@ def table_to_shard(table: pa.Table, path, columns: Columns = Columns(), expected
     path = str(path)
     check_schema(table.schema, path, columns)
     n = table.num_rows
-    if n == 0:
-        raise DataContractError(path, RULE_ROWS, detail="the shard has no rows")
+    if C.ROWS.arrow(n):
+        raise DataContractError(path, RULE_ROWS, detail=C.ROWS.detail)
 
     ids = _ids(table.column(columns.id), path, columns.id)
 
@@ -221,31 +175,29 @@ def table_to_shard(table: pa.Table, path, columns: Columns = Columns(), expected
 
 def _ids(col, path: str, name: str) -> np.ndarray:
     arr = _combine(col)
-    if arr.null_count:
-        mask = arr.is_null().to_numpy(zero_copy_only=False)
-        raise DataContractError(path, RULE_ID_NULL, column=name, count=int(mask.sum()),
-                                rows=_first(mask).tolist())
+    bad = C.ID_NULL.mask(arr)
+    if bad.any():  # the ids cannot name these rows: give row numbers
+        raise DataContractError(path, RULE_ID_NULL, column=name, count=int(bad.sum()),
+                                rows=_first(bad).tolist())
     t = arr.type
     if pa.types.is_integer(t):
-        if t == pa.uint64():
-            too_big = pc.greater(arr, pa.scalar(np.iinfo(np.int64).max, pa.uint64()))
-            mask = too_big.to_numpy(zero_copy_only=False)
-            if mask.any():
-                raise DataContractError(path, RULE_ID_INT64, column=name,
-                                        ids=arr.filter(too_big).to_pylist()[:MAX_IDS],
-                                        count=int(mask.sum()))
+        bad = C.ID_INT64.mask(arr)
+        if bad.any():  # they cannot be int64: give the raw values
+            raise DataContractError(path, RULE_ID_INT64, column=name,
+                                    ids=arr.filter(pa.array(bad))[:MAX_IDS].to_pylist(),
+                                    count=int(bad.sum()))
         ids = arr.cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
     else:
         if pa.types.is_string_view(t):
             arr = arr.cast(pa.large_string())
         ids = arr.to_numpy(zero_copy_only=False).astype(object, copy=False)
-    if len(pc.unique(arr)) != len(arr):
-        vc = pc.value_counts(arr)
-        dup = vc.field("values").filter(pc.greater(vc.field("counts"), 1))
-        n_extra = int(pc.sum(vc.field("counts")).as_py()) - len(vc)
-        raise DataContractError(path, RULE_ID_UNIQUE, column=name, ids=dup.to_pylist()[:MAX_IDS],
-                                count=n_extra,
-                                detail=f"{len(dup)} distinct ids occur more than once")
+    vc = pc.value_counts(arr)
+    bad = C.ID_UNIQUE.mask(vc.field("counts").to_numpy())
+    if bad.any():
+        dup = vc.field("values").filter(pa.array(bad))
+        raise DataContractError(path, RULE_ID_UNIQUE, column=name, ids=dup[:MAX_IDS].to_pylist(),
+                                count=len(arr) - len(vc),
+                                detail=C.ID_UNIQUE.detail.format(groups=len(dup)))
     return ids
 
 
@@ -254,23 +206,20 @@ def _quality(table: pa.Table, path: str, columns: Columns, quality_range, err) -
     total = np.zeros(table.num_rows, dtype=np.float64)
     for name, w in zip(columns.quality, columns.weights):
         col = table.column(name)
-        if col.null_count:
-            raise err(RULE_Q_NULL, name, pc.is_null(col).to_numpy(zero_copy_only=False))
+        bad = C.Q_NULL.mask(col)
+        if bad.any():
+            raise err(RULE_Q_NULL, name, bad)
         q = pc.cast(col, pa.float64(), safe=False).to_numpy().astype(np.float64, copy=False)
-        bad = ~np.isfinite(q)
+        bad = C.Q_FINITE.mask(q)
         if bad.any():
             raise err(RULE_Q_FINITE, name, bad)
         if lo is not None or hi is not None:
-            bad = np.zeros(q.shape, dtype=bool)
-            if lo is not None:
-                bad |= q < lo
-            if hi is not None:
-                bad |= q > hi
+            bad = C.Q_RANGE.mask(q, lo=lo, hi=hi)
             if bad.any():
-                found = f"found min {q.min():.6g}, max {q.max():.6g}"
-                raise err(rule_quality_range(lo, hi), name, bad, detail=found)
+                raise err(rule_quality_range(lo, hi), name, bad,
+                          detail=C.Q_RANGE.detail.format(min=q.min(), max=q.max()))
         total += w * q
-    bad = ~np.isfinite(total)
+    bad = C.Q_FINITE.mask(total)
     if bad.any():  # only reachable by overflow of a huge weighted sum
         raise err(RULE_Q_FINITE, " + ".join(columns.quality), bad, detail="weighted sum overflows")
     return total
@@ -280,29 +229,30 @@ def _embeddings(col, path: str, name: str, n: int, expected_dim, err) -> np.ndar
     if isinstance(col, pa.Array):
         col = pa.chunked_array([col])
     t = col.type
-    if col.null_count:
-        raise err(RULE_EMB_NULL, name, pc.is_null(col).to_numpy(zero_copy_only=False))
+    bad = C.EMB_NULL.mask(col)
+    if bad.any():
+        raise err(RULE_EMB_NULL, name, bad)
     if pa.types.is_fixed_size_list(t):
-        lengths = None
         d = int(t.list_size)
+        lengths = np.full(n, d, dtype=np.int64)
     else:
         lengths = pc.list_value_length(col).to_numpy().astype(np.int64, copy=False)
         vals, counts = np.unique(lengths, return_counts=True)
-        d = int(vals[np.argmax(counts)])
+        d = int(vals[np.argmax(counts)])  # the most common length, the smallest on a tie
     if expected_dim is not None:
         expected_dim = int(expected_dim)
-        bad = (np.full(n, d != expected_dim) if lengths is None else lengths != expected_dim)
+        bad = C.EMB_DIM.mask(lengths, d=expected_dim)
         if bad.any():
-            found = d if lengths is None else sorted(set(np.unique(lengths[bad]).tolist()))[:MAX_IDS]
-            raise err(rule_expected_dim(expected_dim), name, bad, detail=f"found length(s) {found}")
-    if lengths is not None:
-        bad = lengths != d
-        if bad.any():
-            raise err(RULE_EMB_RAGGED, name, bad,
-                      detail=f"most rows have length {d}; others have "
-                             f"{np.unique(lengths[bad]).tolist()[:MAX_IDS]}")
-    if d == 0:
-        raise err(RULE_EMB_EMPTY, name, np.ones(n, dtype=bool))
+            found = np.unique(lengths[bad]).tolist()[:MAX_IDS]
+            raise err(rule_expected_dim(expected_dim), name, bad,
+                      detail=C.EMB_DIM.detail.format(found=found))
+    bad = C.EMB_RAGGED.mask(lengths, d=d)
+    if bad.any():
+        others = np.unique(lengths[bad]).tolist()[:MAX_IDS]
+        raise err(RULE_EMB_RAGGED, name, bad, detail=C.EMB_RAGGED.detail.format(d=d, others=others))
+    bad = C.EMB_EMPTY.mask(lengths)
+    if bad.any():
+        raise err(RULE_EMB_EMPTY, name, bad)
 
     out = np.empty((n, d), dtype=np.float32)
     off = 0
@@ -321,11 +271,10 @@ def _embeddings(col, path: str, name: str, n: int, expected_dim, err) -> np.ndar
     zero = np.empty(n, dtype=bool)
     for s in range(0, n, _BLOCK_ROWS):
         blk = out[s:s + _BLOCK_ROWS]
-        nonfinite[s:s + _BLOCK_ROWS] = ~np.isfinite(blk).all(axis=1)
-        zero[s:s + _BLOCK_ROWS] = ~blk.any(axis=1)
+        nonfinite[s:s + _BLOCK_ROWS] = C.EMB_FINITE.mask(blk)
+        zero[s:s + _BLOCK_ROWS] = C.EMB_ZERO.mask(blk)
     if nonfinite.any():
-        raise err(RULE_EMB_FINITE, name, nonfinite,
-                  detail="NaN, Inf, null or float32 overflow inside the vector")
+        raise err(RULE_EMB_FINITE, name, nonfinite, detail=C.EMB_FINITE.detail)
     if zero.any():
         raise err(RULE_EMB_ZERO, name, zero)
     return out
