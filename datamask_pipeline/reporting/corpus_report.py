@@ -1,4 +1,5 @@
-"""Corpus report (issue 6, item 2): one page over all shards.
+"""Corpus report (issue 6, item 2): one page over all shards, drawn and rendered from the
+per-shard metrics (the aggregation itself is :mod:`.numerics`).
 
 Input: the per-shard metric dicts of :func:`shard_report.build_shard_report` (its
 ``ShardReport.metrics``, or the ``report_metrics.json`` that :func:`write_shard_report` wrote),
@@ -9,7 +10,8 @@ keyed by shard / partition key. Output (:class:`CorpusReport`):
 * ``figures``: ``{"overview": PNG bytes}``: kept fraction, mean quality before / after and the
   objective gain over quality top-k, per shard;
 * ``html``: one self-contained page (inline CSS, the figure as a ``data:`` URI, no scripts; the
-  only hyperlinks are the optional per-shard report links the caller passes);
+  only hyperlinks are the optional per-shard report links the caller passes), rendered from
+  ``templates/corpus_report.html.j2``;
 * ``metrics``: ``totals`` again, the flat ``{name: float}`` dict for Dagster metadata;
 * ``markdown``: the per-shard table and a totals table (``dg.MetadataValue.md``).
 
@@ -23,7 +25,6 @@ lambda and algorithm, which the page checks and flags.
 
 from __future__ import annotations
 
-import html as _html
 import json
 import math
 from dataclasses import dataclass, field
@@ -31,17 +32,8 @@ from typing import Mapping
 
 import numpy as np
 
-from .shard_report import (
-    _CSS,
-    COLORS,
-    _fmt,
-    _new_figure,
-    _pct,
-    _png,
-    _style,
-    _table_html,
-    data_uri,
-)
+from .numerics import ROW_FIELDS, corpus_rows_from_metrics, corpus_totals
+from .shard_report import COLORS, _fmt, _new_figure, _pct, _png, _style, render
 
 __all__ = [
     "CorpusReport",
@@ -52,26 +44,12 @@ __all__ = [
     "write_corpus_report",
 ]
 
-# row field -> shard metric key
-ROW_FIELDS = {
-    "n_rows": "n_rows",
-    "k_selected": "k_selected",
-    "kept_fraction": "kept_fraction",
-    "quality_mean_before": "quality_mean_shard",
-    "quality_mean_after": "quality_mean_selected",
-    "quality_mean_topk": "quality_mean_topk",
-    "f_datamask": "f_datamask",
-    "f_topk": "f_topk",
-    "f_random": "f_random",
-    "f_greedy": "f_greedy",
-    "gain_f_over_topk": "gain_f_over_topk",
-    "gain_f_over_random": "gain_f_over_random",
-    "gap_closed_vs_greedy": "gap_closed_vs_greedy",
-    "spectrum_flatness_selected": "spectrum_flatness_selected",
-    "spectrum_flatness_topk": "spectrum_flatness_topk",
-    "lamb": "lamb",
-}
 MAX_MARKDOWN_ROWS = 200
+FIGURE_CAPTIONS = {
+    "overview": "Per shard: kept fraction (dotted: the corpus), mean quality of the shard, the "
+                "DATAMASK subset and the quality top-k subset, and the whole-shard objective "
+                "gain of DATAMASK over quality top-k.",
+}
 
 
 @dataclass
@@ -85,86 +63,8 @@ class CorpusReport:
     markdown: str = ""
 
 
-def _num(v):
-    """A finite float, or None for a missing / non-numeric / non-finite value."""
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) else None
-
-
-def corpus_rows_from_metrics(shard_metrics: Mapping[str, Mapping]) -> list[dict]:
-    """One row per shard, sorted by shard key: ``{"shard": key, <ROW_FIELDS>: float | None}``.
-
-    Counts (``n_rows``, ``k_selected``) become ints. ``kept_fraction`` and the gains are
-    derived from their parts when the metrics lack them but have the parts."""
-    rows = []
-    for key in sorted(shard_metrics, key=str):
-        m = shard_metrics[key] or {}
-        row = {"shard": str(key)}
-        for fld, src in ROW_FIELDS.items():
-            row[fld] = _num(m.get(src))
-        for cnt in ("n_rows", "k_selected"):
-            if row[cnt] is not None:
-                row[cnt] = int(round(row[cnt]))
-        if row["kept_fraction"] is None and row["n_rows"] and row["k_selected"] is not None:
-            row["kept_fraction"] = row["k_selected"] / row["n_rows"]
-        for gain, ref in (("gain_f_over_topk", "f_topk"), ("gain_f_over_random", "f_random")):
-            if row[gain] is None and row["f_datamask"] is not None and row[ref] is not None:
-                row[gain] = row["f_datamask"] - row[ref]
-        rows.append(row)
-    return rows
-
-
-def corpus_totals(rows: list[dict]) -> dict:
-    """Corpus-level numbers from :func:`corpus_rows_from_metrics` rows (finite floats only;
-    an aggregate none of the shards has the inputs for is left out)."""
-    t: dict = {"n_shards": float(len(rows))}
-    counted = [r for r in rows if r["n_rows"] is not None and r["k_selected"] is not None]
-    n_tot = sum(r["n_rows"] for r in counted)
-    k_tot = sum(r["k_selected"] for r in counted)
-    t["n_shards_counted"] = float(len(counted))
-    t["rows_total"] = float(n_tot)
-    t["rows_kept"] = float(k_tot)
-    if n_tot:
-        t["kept_fraction"] = k_tot / n_tot
-
-    def weighted(field_, weight):
-        rs = [r for r in counted if r[field_] is not None and r[weight]]
-        w = sum(r[weight] for r in rs)
-        return sum(r[field_] * r[weight] for r in rs) / w if w else None
-
-    for name, fld, wt in (("quality_mean_before", "quality_mean_before", "n_rows"),
-                          ("quality_mean_after", "quality_mean_after", "k_selected"),
-                          ("quality_mean_topk", "quality_mean_topk", "k_selected")):
-        v = weighted(fld, wt)
-        if v is not None:
-            t[name] = v
-    for fld in ("f_datamask", "f_topk", "f_random", "f_greedy", "gain_f_over_topk",
-                "gain_f_over_random", "gap_closed_vs_greedy", "spectrum_flatness_selected",
-                "spectrum_flatness_topk"):
-        vals = np.array([r[fld] for r in rows if r[fld] is not None], dtype=np.float64)
-        if vals.size:
-            t[f"{fld}_mean"] = float(vals.mean())
-            if fld.startswith("gain") or fld.startswith("gap"):
-                t[f"{fld}_min"] = float(vals.min())
-                t[f"{fld}_max"] = float(vals.max())
-    gains = [r["gain_f_over_topk"] for r in rows if r["gain_f_over_topk"] is not None]
-    if gains:
-        t["shards_beating_topk"] = float(sum(g > 0 for g in gains))
-        t["shards_with_gain"] = float(len(gains))
-    lambs = sorted({r["lamb"] for r in rows if r["lamb"] is not None})
-    if len(lambs) == 1:
-        t["lamb"] = lambs[0]
-    t["lamb_values"] = float(len(lambs))
-    return t
-
-
 # ----------------------------------------------------------------------- figure
-def _figure(rows: list[dict]) -> bytes:
+def _figure(rows: list[dict], totals: dict) -> bytes:
     s = len(rows)
     width = float(min(18.0, max(11.0, 6.0 + 0.32 * s)))
     fig = _new_figure(width, 8.4)
@@ -179,12 +79,9 @@ def _figure(rows: list[dict]) -> bytes:
     kept = col("kept_fraction")
     ax1.bar(xs, kept, color=COLORS["datamask"], width=0.7, label="shard")
     if s and np.isfinite(kept).any():
-        counted = [r for r in rows if r["n_rows"] is not None and r["k_selected"] is not None]
-        tot_n = sum(r["n_rows"] for r in counted)
-        tot_k = sum(r["k_selected"] for r in counted)
-        if tot_n:
-            ax1.axhline(tot_k / tot_n, color="#444444", ls=":", lw=1.1,
-                        label=f"corpus ({100 * tot_k / tot_n:.1f}%)")
+        if "kept_fraction" in totals:
+            ax1.axhline(totals["kept_fraction"], color="#444444", ls=":", lw=1.1,
+                        label=f"corpus ({100 * totals['kept_fraction']:.1f}%)")
         ax1.set_ylim(0, 1.2 * float(np.nanmax(kept)) if np.nanmax(kept) > 0 else 1.0)
         ax1.legend(**side)
     ax1.set_ylabel("kept fraction", fontsize=9.5)
@@ -312,48 +209,23 @@ def _markdown(rows, totals, lamb_note) -> str:
 
 
 def _html_page(title, rows, totals, figures, links, extra, algorithm, lamb_note) -> str:
-    e = _html.escape
     cols = _columns(rows)
-    sub = f"{int(totals['n_shards']):,} shards"
-    if algorithm:
-        sub += f" · algorithm {e(str(algorithm))}"
-    if "lamb" in totals:
-        sub += f" · λ = {totals['lamb']:g}"
-    sub += ". Objective numbers are whole-shard scores from each shard's report."
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{e(title)}</title>",
-        f"<style>{_CSS}.warn{{color:#a04000}}</style></head><body>",
-        f"<h1>{e(title)}</h1>",
-        f'<p class="sub">{sub}</p>',
-    ]
-    if lamb_note:
-        parts.append(f'<p class="warn">{e(lamb_note)}</p>')
-    parts.append(_table_html(["corpus", "value"], _totals_lines(totals)
-                             + [(str(a), str(b)) for a, b in (extra or {}).items()]))
-    for name, png in figures.items():
-        parts.append(f'<figure><img alt="{e(name)}" src="{data_uri(png)}"><figcaption>Per shard: '
-                     "kept fraction (dotted: the corpus), mean quality of the shard, the DATAMASK "
-                     "subset and the quality top-k subset, and the whole-shard objective gain of "
-                     "DATAMASK over quality top-k.</figcaption></figure>")
-    parts.append("<h2>Per shard</h2>")
-    header = "<table><tr>" + "".join(f"<th>{e(h)}</th>" for h, _ in cols) + "</tr>"
-    body = [header]
-    for r in rows:
-        cells = []
-        for _, f in cols:
-            text = e(_cell(r, f))
-            if f == "shard" and links and r["shard"] in links:
-                text = f'<a href="{e(str(links[r["shard"]]), quote=True)}">{text}</a>'
-            cells.append(f"<td>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    body.append("</table>")
-    parts.append("\n".join(body))
-    parts.append("<details><summary>Corpus metrics</summary>")
-    parts.append(f"<pre>{e(json.dumps(totals, indent=1, sort_keys=True))}</pre></details>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    shard_rows = [{"cells": [_cell(r, f) for _, f in cols],
+                   "href": str(links[r["shard"]]) if links and r["shard"] in links else None}
+                  for r in rows]
+    return render(
+        "corpus_report.html.j2",
+        title=title,
+        algorithm=algorithm,
+        totals=totals,
+        lamb_note=lamb_note,
+        totals_rows=_totals_lines(totals) + list((extra or {}).items()),
+        figures=[{"name": name, "png": png, "caption": FIGURE_CAPTIONS.get(name, "")}
+                 for name, png in figures.items()],
+        header=[h for h, _ in cols],
+        shard_rows=shard_rows,
+        totals_json=json.dumps(totals, indent=1, sort_keys=True),
+    )
 
 
 # ----------------------------------------------------------------------- API
@@ -376,7 +248,7 @@ def build_corpus_report(
     if len(lambs) > 1:
         lamb_note = (f"shards were selected with different λ ({', '.join(f'{v:g}' for v in lambs)}); "
                      "their objective values are not comparable, so the objective means mix scales.")
-    figures = {"overview": _figure(rows)}
+    figures = {"overview": _figure(rows, totals)}
     return CorpusReport(
         title=title,
         html=_html_page(title, rows, totals, figures, links, extra, algorithm, lamb_note),

@@ -1,4 +1,4 @@
-"""Per-shard selection report (issue 6, item 1).
+"""Per-shard selection report (issue 6, item 1): figures and pages from one shard's selection.
 
 :func:`build_shard_report` turns one shard's selection into
 
@@ -6,41 +6,52 @@
   distribution), ``projection`` (2-D PCA), ``spectrum`` (correlation eigen-spectrum) and, when
   sources are given, ``sources`` (retention per source);
 * ``html``: one self-contained page (inline CSS, figures as ``data:image/png;base64`` URIs, no
-  external assets, no scripts);
+  external assets, no scripts), rendered from ``templates/shard_report.html.j2``;
 * ``metrics``: a flat ``{name: float}`` dict for Dagster metadata (plots over partitions);
 * ``markdown``: a table of the key numbers (``dg.MetadataValue.md``).
 
-All whole-shard objective numbers come from :func:`engine.evaluate.evaluate_selection` (V = all
-n rows), so they agree with every other place that scores a selection. The learner's history
-is batch-level (each step scores masks of k' rows against its batch of m rows), so the curve
-labels it as such and draws the whole-shard levels of the final subsets as horizontal lines
-and a star, never as if they were on the same footing.
-
-Definitions used below:
-
-* **spectrum**: eigenvalues of the d x d correlation matrix C = Z^T Z / (k - 1) of a subset,
-  Z = the subset's embeddings z-scored per dimension (unbiased variance, 1e-8 floor: the same
-  standardisation as the DiSF term), sorted descending and divided by their sum.
-* **spectral flatness**: exp(H(p)) / d, with p the normalised eigenvalues and H the Shannon
-  entropy (natural log) -- the *effective rank* of C divided by d. It is 1 for a perfectly flat
-  (whitened) spectrum and 1/d when all variance lies in one direction (dimensional collapse).
-  A subset of k rows has rank <= k - 1, so compare flatness at equal k (selected vs top-k).
-* **projection**: PCA of the unit-normalised embeddings (what the cosine terms see) fitted on
-  a deterministic uniform subsample of at most 5,000 rows; eigen-decomposition of their
-  covariance in float64, signs fixed so the largest loading of each axis is positive.
+The numbers (spectra, flatness, PCA, retention, comparisons) come from :mod:`.numerics`; this
+module draws and lays them out. All whole-shard objective numbers come from
+:func:`engine.evaluate.evaluate_selection` (V = all n rows), so they agree with every other
+place that scores a selection. The learner's history is batch-level (each step scores masks of
+k' rows against its batch of m rows), so the curve labels it as such and draws the whole-shard
+levels of the final subsets as horizontal lines and a star, never as if they were on the same
+footing.
 """
 
 from __future__ import annotations
 
 import base64
-import html as _html
+import functools
 import io
 import json
 import math
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .numerics import (  # noqa: F401  (re-exported: the reporting package's public numerics)
+    MAX_SOURCES_SHOWN,
+    OTHER_SOURCES,
+    PROJECTION_MAX_POINTS,
+    REF_ALIASES,
+    SPECTRUM_MAX_ROWS,
+    QualityHistograms,
+    as_mask,
+    as_numpy,
+    correlation_spectrum,
+    find_reference,
+    fold_sources,
+    objective_metrics,
+    pca_2d,
+    quality_histograms,
+    scores_of,
+    selection_quality,
+    source_metrics,
+    source_retention,
+    spectral_flatness,
+    subset_spectra,
+)
 
 __all__ = [
     "ShardReport",
@@ -69,17 +80,11 @@ LABELS = {
     "random": "random",
     "greedy": "greedy",
 }
-PROJECTION_MAX_POINTS = 5000
-SPECTRUM_MAX_ROWS = 20000
-MAX_SOURCES_SHOWN = 15  # figure bars, markdown rows, per-source metrics
-MAX_SOURCES_IN_TABLE = 60  # rows of the HTML table
+MAX_SOURCES_IN_TABLE = 60  # rows of the HTML table (figure bars, markdown rows: MAX_SOURCES_SHOWN)
 _DPI = 110
-_REF_ALIASES = {
-    "topk": ("quality_topk", "topk", "top_k", "quality", "quality-topk"),
-    "random": ("random",),
-    "greedy": ("greedy",),
-    "datamask": ("datamask", "selected"),
-}
+# set name -> the suffix of its spectrum_flatness_* metric
+_FLATNESS_KEYS = {"datamask": "selected", "topk": "topk", "random": "random", "greedy": "greedy",
+                  "shard": "shard"}
 
 
 @dataclass
@@ -93,70 +98,7 @@ class ShardReport:
     markdown: str = ""
 
 
-# ================================================================== small helpers
-def _as_numpy(a, dtype=None) -> np.ndarray:
-    try:
-        import torch
-
-        if torch.is_tensor(a):
-            a = a.detach().cpu().numpy()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
-    if hasattr(a, "to_numpy") and not isinstance(a, np.ndarray):  # pyarrow / pandas
-        try:
-            a = a.to_numpy(zero_copy_only=False)
-        except TypeError:
-            a = a.to_numpy()
-    out = np.asarray(a)
-    return out.astype(dtype, copy=False) if dtype is not None else out
-
-
-def as_mask(selection, n: int) -> np.ndarray:
-    """A selection given as a bool mask (n,) or as indices -> bool mask (n,)."""
-    s = _as_numpy(selection)
-    if s.dtype == bool:
-        if s.shape != (n,):
-            raise ValueError(f"selection mask has shape {s.shape}, expected ({n},)")
-        return s.copy()
-    idx = s.astype(np.int64).ravel()
-    if idx.size and (idx.min() < 0 or idx.max() >= n):
-        raise ValueError(f"selection indices out of range [0, {n})")
-    if np.unique(idx).size != idx.size:
-        raise ValueError("selection indices contain duplicates")
-    m = np.zeros(n, dtype=bool)
-    m[idx] = True
-    return m
-
-
-def _term_value(entry, key: str, algorithm: str) -> float:
-    """``entry[key]`` as a float; evaluate_selection nests per-term values in dicts."""
-    v = entry[key]
-    if isinstance(v, dict):
-        if algorithm in v:
-            v = v[algorithm]
-        else:
-            low = {str(kk).lower(): vv for kk, vv in v.items()}
-            if algorithm.lower() in low:
-                v = low[algorithm.lower()]
-            elif len(v) == 1:
-                v = next(iter(v.values()))
-            else:
-                raise KeyError(f"{key} has no value for term {algorithm!r}: {sorted(v)}")
-    return float(v)
-
-
-def scores_of(entry, algorithm: str) -> dict:
-    """{"f", "f_qua", "f_div"} floats from an evaluate_selection dict (or a flat dict)."""
-    return {kk: _term_value(entry, kk, algorithm) for kk in ("f", "f_qua", "f_div")}
-
-
-def _find_ref(reference: dict, name: str):
-    for key in _REF_ALIASES[name]:
-        if key in reference and reference[key] is not None:
-            return reference[key]
-    return None
-
-
+# ================================================================== formatting
 def _fmt(v, digits: int = 5) -> str:
     if v is None:
         return "–"
@@ -175,9 +117,35 @@ def _pct(v) -> str:
     return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%"
 
 
-def _metric_key(text) -> str:
-    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(text)).strip("_")
-    return s or "_"
+def _count(v) -> str:
+    return f"{int(v):,}"
+
+
+def data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+@functools.lru_cache(maxsize=None)
+def _environment():
+    """The jinja2 environment over this package's ``templates/``: the engine escapes every
+    value of an HTML template; undefined names raise instead of rendering as blanks."""
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader(__package__, "templates"),
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html", "html.j2"),
+                                            default_for_string=True, default=True),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(fmt=_fmt, pct=_pct, count=_count, data_uri=data_uri)
+    return env
+
+
+def render(template: str, **context) -> str:
+    """Render ``templates/<template>`` with ``context`` (values are escaped by the engine)."""
+    return _environment().get_template(template).render(**context)
 
 
 # ================================================================== matplotlib
@@ -202,175 +170,6 @@ def _style(ax) -> None:
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     ax.tick_params(labelsize=9)
-
-
-def data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
-# ================================================================== numerics
-def correlation_spectrum(x, max_rows: int = SPECTRUM_MAX_ROWS, seed: int = 0, device="cpu") -> np.ndarray:
-    """Normalised eigenvalues (descending, sum 1, length d) of the correlation matrix of the
-    rows ``x`` (k, d); see the module doc string. At most ``max_rows`` rows are used (a
-    deterministic uniform subsample when there are more)."""
-    import torch
-
-    xt = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
-    if xt.ndim != 2:
-        raise ValueError(f"x must be (k, d), got {tuple(xt.shape)}")
-    k, d = xt.shape
-    if k < 2:
-        raise ValueError("a spectrum needs at least 2 rows")
-    if max_rows and k > max_rows:
-        rng = np.random.default_rng(seed)
-        rows = torch.as_tensor(np.sort(rng.choice(k, size=max_rows, replace=False)))
-        xt = xt.index_select(0, rows.to(xt.device))
-        k = max_rows
-    xt = xt.to(device=device, dtype=torch.float64)
-    xc = xt - xt.mean(dim=0, keepdim=True)
-    std = (xc.pow(2).sum(dim=0) / (k - 1)).sqrt().clamp(min=1e-8)
-    z = xc / std
-    if k <= d:  # Gram: same non-zero eigenvalues, cheaper
-        ev = torch.linalg.eigvalsh(z @ z.T / (k - 1))
-        ev = torch.cat([ev.new_zeros(d - k), ev])  # ascending, like eigvalsh's output
-    else:
-        ev = torch.linalg.eigvalsh(z.T @ z / (k - 1))
-    ev = ev.clamp(min=0).flip(0).cpu().numpy()
-    tot = ev.sum()
-    if tot <= 0:
-        out = np.zeros(d)
-        out[0] = 1.0
-        return out
-    return ev / tot
-
-
-def spectral_flatness(eigs) -> float:
-    """exp(spectral entropy) / d = effective rank / d, in [1/d, 1] (1 = flat, 1/d = collapsed).
-
-    ``eigs``: eigenvalues (any scale) of a d x d matrix, zeros included."""
-    p = np.asarray(eigs, dtype=np.float64).ravel()
-    d = p.size
-    if d == 0:
-        raise ValueError("no eigenvalues")
-    p = np.clip(p, 0, None)
-    tot = p.sum()
-    if tot <= 0:
-        return 1.0 / d
-    p = p / tot
-    nz = p[p > 0]
-    h = float(-(nz * np.log(nz)).sum())
-    return float(math.exp(h) / d)
-
-
-def pca_2d(x, max_points: int = PROJECTION_MAX_POINTS, seed: int = 0, device="cpu"):
-    """2-D PCA of the unit-normalised rows of ``x`` on a deterministic subsample.
-
-    Returns ``(rows, coords (m, 2), explained_variance_ratio (2,))`` where ``rows`` are the
-    indices (sorted) of the subsample in ``x``."""
-    import torch
-
-    xt = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
-    n, d = xt.shape
-    if n > max_points:
-        rng = np.random.default_rng(seed)
-        rows = np.sort(rng.choice(n, size=max_points, replace=False))
-        xs = xt.index_select(0, torch.as_tensor(rows).to(xt.device))
-    else:
-        rows = np.arange(n)
-        xs = xt
-    xs = torch.nn.functional.normalize(xs.to(device=device, dtype=torch.float64), dim=1)
-    xc = xs - xs.mean(dim=0, keepdim=True)
-    m = xc.shape[0]
-    if d <= m:
-        evals, evecs = torch.linalg.eigh(xc.T @ xc / max(1, m - 1))
-        comps = evecs[:, -2:].flip(1)  # (d, 2), largest first
-        top = evals[-2:].flip(0)
-    else:
-        evals, u = torch.linalg.eigh(xc @ xc.T / max(1, m - 1))
-        top = evals[-2:].flip(0)
-        comps = xc.T @ u[:, -2:].flip(1)
-        comps = comps / comps.norm(dim=0, keepdim=True).clamp(min=1e-12)
-    # deterministic orientation: the largest |loading| of each axis is positive
-    pivot = comps.abs().argmax(dim=0)
-    signs = torch.sign(comps[pivot, torch.arange(comps.shape[1])])
-    signs[signs == 0] = 1
-    comps = comps * signs
-    coords = (xc @ comps).cpu().numpy()
-    total = float(evals.clamp(min=0).sum())
-    ratio = (top.clamp(min=0) / total).cpu().numpy() if total > 0 else np.zeros(2)
-    if coords.shape[1] < 2:  # d == 1
-        coords = np.concatenate([coords, np.zeros((coords.shape[0], 1))], axis=1)
-        ratio = np.concatenate([ratio, [0.0]])
-    return rows, coords, ratio
-
-
-def source_retention(sources, selected_mask: np.ndarray, topk_mask: np.ndarray | None = None) -> dict:
-    """Per source: rows in the shard, rows kept, shares and retention (kept / rows).
-
-    Returns ``{"names": [...], "rows": int array, "selected": int array, "topk": int array or
-    None, "share_shard", "share_selected", "share_topk", "retention_selected",
-    "retention_topk"}`` (float arrays), sources sorted by shard rows, descending (ties by
-    name). Shares of each set sum to 1; sum(rows * retention) equals the set's size."""
-    src = _as_numpy(sources)
-    if src.dtype.kind not in "US":
-        src = np.array(["<null>" if s is None else str(s) for s in src.tolist()], dtype=object)
-    src = src.astype(str)
-    n = src.shape[0]
-    if selected_mask.shape != (n,):
-        raise ValueError(f"sources has {n} rows, selection {selected_mask.shape[0]}")
-    names, inv = np.unique(src, return_inverse=True)
-    rows = np.bincount(inv, minlength=names.size)
-    sel = np.bincount(inv, weights=selected_mask.astype(np.float64), minlength=names.size)
-    order = np.lexsort((names, -rows))
-    names, rows, sel = names[order], rows[order], sel[order].astype(np.int64)
-    out = {
-        "names": [str(s) for s in names],
-        "rows": rows,
-        "selected": sel,
-        "share_shard": rows / max(1, rows.sum()),
-        "share_selected": sel / max(1, sel.sum()),
-        "retention_selected": sel / np.maximum(rows, 1),
-        "topk": None,
-        "share_topk": None,
-        "retention_topk": None,
-    }
-    if topk_mask is not None:
-        tk = np.bincount(inv, weights=topk_mask.astype(np.float64), minlength=len(order))
-        tk = tk[order].astype(np.int64)
-        out.update(topk=tk, share_topk=tk / max(1, tk.sum()), retention_topk=tk / np.maximum(rows, 1))
-    return out
-
-
-OTHER_SOURCES = "(other)"
-
-
-def fold_sources(ret: dict, max_shown: int = MAX_SOURCES_SHOWN) -> dict:
-    """``ret`` (from :func:`source_retention`) with every source past the ``max_shown - 1``
-    largest folded into one entry named ``OTHER_SOURCES``; unchanged when there are at most
-    ``max_shown`` sources. Counts, shares and retentions are recomputed for the folded entry,
-    so totals are preserved. ``n_folded`` says how many sources the entry holds (0: none)."""
-    names = list(ret["names"])
-    if len(names) <= max_shown:
-        return dict(ret, n_folded=0)
-    cut = max(1, max_shown - 1)
-
-    def fold(a):
-        return None if a is None else np.concatenate([a[:cut], [a[cut:].sum()]]).astype(np.int64)
-
-    rows, sel, tk = fold(ret["rows"]), fold(ret["selected"]), fold(ret["topk"])
-    out = {
-        "names": names[:cut] + [OTHER_SOURCES],
-        "rows": rows,
-        "selected": sel,
-        "share_shard": rows / max(1, rows.sum()),
-        "share_selected": sel / max(1, sel.sum()),
-        "retention_selected": sel / np.maximum(rows, 1),
-        "topk": tk,
-        "share_topk": None if tk is None else tk / max(1, tk.sum()),
-        "retention_topk": None if tk is None else tk / np.maximum(rows, 1),
-        "n_folded": len(names) - cut,
-    }
-    return out
 
 
 def _source_label(ret: dict, i: int) -> str:
@@ -436,24 +235,20 @@ def _figure_curve(history, algorithm, lamb, levels: dict) -> bytes:
     return _png(fig)
 
 
-def _figure_quality(q: np.ndarray, sel: np.ndarray, topk: np.ndarray) -> bytes:
+def _figure_quality(hist: QualityHistograms) -> bytes:
     """(b) quality distribution: shard vs selected vs quality top-k (densities)."""
     fig = _new_figure(7.6, 4.3)
     ax = fig.subplots()
-    finite = q[np.isfinite(q)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    if hi <= lo:
-        hi = lo + 1.0
-    bins = np.linspace(lo, hi, 61)
-    ax.hist(q, bins=bins, density=True, color=COLORS["shard"], alpha=0.55,
-            label=f"shard (n={q.size:,}, mean {q.mean():.4g})")
-    ax.hist(q[topk], bins=bins, density=True, histtype="step", lw=1.8, color=COLORS["topk"],
-            label=f"quality top-k (mean {q[topk].mean():.4g})")
-    ax.hist(q[sel], bins=bins, density=True, histtype="step", lw=1.8, color=COLORS["datamask"],
-            label=f"DATAMASK (k={int(sel.sum()):,}, mean {q[sel].mean():.4g})")
-    for arr, c, ls in ((q, COLORS["random"], ":"), (q[topk], COLORS["topk"], "--"),
-                       (q[sel], COLORS["datamask"], "--")):
-        ax.axvline(float(arr.mean()), color=c, ls=ls, lw=1.2)
+    e, dens, mean, cnt = hist.edges, hist.density, hist.mean, hist.count
+    ax.stairs(dens["shard"], e, fill=True, color=COLORS["shard"], alpha=0.55,
+              label=f"shard (n={cnt['shard']:,}, mean {mean['shard']:.4g})")
+    ax.stairs(dens["topk"], e, lw=1.8, color=COLORS["topk"],
+              label=f"quality top-k (mean {mean['topk']:.4g})")
+    ax.stairs(dens["datamask"], e, lw=1.8, color=COLORS["datamask"],
+              label=f"DATAMASK (k={cnt['datamask']:,}, mean {mean['datamask']:.4g})")
+    for name, c, ls in (("shard", COLORS["random"], ":"), ("topk", COLORS["topk"], "--"),
+                        ("datamask", COLORS["datamask"], "--")):
+        ax.axvline(mean[name], color=c, ls=ls, lw=1.2)
     ax.set_xlabel("quality score", fontsize=9.5)
     ax.set_ylabel("density (each set normalised)", fontsize=9.5)
     ax.set_title("Quality distribution (dashed/dotted lines: means)", fontsize=10.5)
@@ -534,26 +329,23 @@ def _figure_sources(ret: dict, kept_fraction: float) -> bytes:
     """(e) per-source shares (shard, selected, top-k) and retention."""
     ret = fold_sources(ret, MAX_SOURCES_SHOWN)  # fold the tail into one bar
     names = [_source_label(ret, i) for i in range(len(ret["names"]))]
-    rows = ret["rows"]
-    sel = ret["selected"]
-    tk = ret["topk"]
     s = len(names)
     fig = _new_figure(max(9.0, min(16.0, 3.0 + 0.75 * s * 2)), 4.6)
     ax1, ax2 = fig.subplots(1, 2)
     xs = np.arange(s)
     w = 0.27
-    share = [(rows / max(1, rows.sum()), COLORS["shard"], "shard")]
-    share.append((sel / max(1, sel.sum()), COLORS["datamask"], "DATAMASK"))
-    if tk is not None:
-        share.append((tk / max(1, tk.sum()), COLORS["topk"], "quality top-k"))
+    share = [(ret["share_shard"], COLORS["shard"], "shard"),
+             (ret["share_selected"], COLORS["datamask"], "DATAMASK")]
+    if ret["topk"] is not None:
+        share.append((ret["share_topk"], COLORS["topk"], "quality top-k"))
     off = (np.arange(len(share)) - (len(share) - 1) / 2) * w
     for (vals, c, label), o in zip(share, off):
         ax1.bar(xs + o, vals, width=w, color=c, label=label)
     ax1.set_title("Share of each set by source", fontsize=10.5)
     ax1.set_ylabel("share", fontsize=9.5)
-    ret_sets = [(sel / np.maximum(rows, 1), COLORS["datamask"], "DATAMASK")]
-    if tk is not None:
-        ret_sets.append((tk / np.maximum(rows, 1), COLORS["topk"], "quality top-k"))
+    ret_sets = [(ret["retention_selected"], COLORS["datamask"], "DATAMASK")]
+    if ret["topk"] is not None:
+        ret_sets.append((ret["retention_topk"], COLORS["topk"], "quality top-k"))
     off2 = (np.arange(len(ret_sets)) - (len(ret_sets) - 1) / 2) * w
     for (vals, c, label), o in zip(ret_sets, off2):
         bars = ax2.bar(xs + o, vals, width=w, color=c, label=label)
@@ -587,6 +379,9 @@ def _figure_sources(ret: dict, kept_fraction: float) -> bytes:
 
 
 # ================================================================== report
+FIGURE_TITLES = {"curve": "Optimisation curve", "quality": "Quality distribution",
+                 "projection": "Embedding projection", "spectrum": "Eigen-spectrum flatness",
+                 "sources": "Retention per source"}
 FIGURE_CAPTIONS = {
     "curve": "Optimisation curve. Lines: the learner's per-step scores, averaged over its G "
              "rollouts (and the best rollout), each scored on that step's batch only "
@@ -654,7 +449,7 @@ def build_shard_report(
 
     algorithm = canonical_algorithm(algorithm)
     xt = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x))
-    q_np = _as_numpy(q, np.float64).ravel()
+    q_np = as_numpy(q, np.float64).ravel()
     if xt.ndim != 2 or xt.shape[0] != q_np.shape[0]:
         raise ValueError(f"x must be (n, d) and q (n,), got {tuple(xt.shape)} and {q_np.shape}")
     n, d = int(xt.shape[0]), int(xt.shape[1])
@@ -670,7 +465,7 @@ def build_shard_report(
 
     # ---- whole-shard levels
     levels: dict = {}
-    dm = _find_ref(reference, "datamask")
+    dm = find_reference(reference, "datamask")
     if dm is None:
         from ..engine.evaluate import evaluate_selection
 
@@ -678,82 +473,44 @@ def build_shard_report(
                                 terms=(algorithm,), device=device)
     levels["datamask"] = scores_of(dm, algorithm)
     for name in ("topk", "random", "greedy"):
-        ref = _find_ref(reference, name)
+        ref = find_reference(reference, name)
         if ref is not None:
             levels[name] = scores_of(ref, algorithm)
     for req in ("topk", "random"):
         if req not in levels:
-            raise KeyError(f"reference needs a {_REF_ALIASES[req][0]!r} entry (evaluate_selection dict)")
+            raise KeyError(f"reference needs a {REF_ALIASES[req][0]!r} entry (evaluate_selection dict)")
 
     # ---- numbers
-    metrics: dict = {"n_rows": float(n), "dim": float(d), "k_selected": float(k),
-                     "kept_fraction": k / n, "lamb": float(lamb)}
-    for name, lv in levels.items():
-        for key, v in lv.items():
-            metrics[f"{key}_{name}"] = float(v)
-    metrics["gain_f_over_topk"] = levels["datamask"]["f"] - levels["topk"]["f"]
-    metrics["gain_f_over_random"] = levels["datamask"]["f"] - levels["random"]["f"]
-    metrics["delta_f_qua_vs_topk"] = levels["datamask"]["f_qua"] - levels["topk"]["f_qua"]
-    metrics["delta_f_div_vs_topk"] = levels["datamask"]["f_div"] - levels["topk"]["f_div"]
-    if "greedy" in levels:
-        # Ratios are only reported where they are defined, so every metric is a finite float.
-        fg, ft, fm = levels["greedy"]["f"], levels["topk"]["f"], levels["datamask"]["f"]
-        if fg != 0:
-            metrics["ratio_f_to_greedy"] = fm / fg
-        if abs(fg - ft) > 1e-12 * max(1.0, abs(fg), abs(ft)):
-            metrics["gap_closed_vs_greedy"] = (fm - ft) / (fg - ft)
-    metrics["quality_mean_shard"] = float(q_np.mean())
-    metrics["quality_mean_selected"] = float(q_np[sel].mean())
-    metrics["quality_mean_topk"] = float(q_np[topk_mask].mean())
-    metrics["overlap_with_topk"] = float((sel & topk_mask).sum()) / k
-
     if random is None:
         from ..engine.baselines import random_selection
 
         random = random_selection(n, k, seed=0)
-    random_mask = as_mask(random, n)
-    spectra = {
-        "datamask": correlation_spectrum(xt[torch.as_tensor(sel, device=xt.device)], device=device),
-        "topk": correlation_spectrum(xt[torch.as_tensor(topk_mask, device=xt.device)], device=device),
-        "random": correlation_spectrum(xt[torch.as_tensor(random_mask, device=xt.device)], device=device),
-        "shard": correlation_spectrum(xt, device=device),
-    }
+    subsets = {"datamask": sel, "topk": topk_mask, "random": as_mask(random, n), "shard": None}
     if greedy is not None:
-        spectra["greedy"] = correlation_spectrum(xt[torch.as_tensor(as_mask(greedy, n), device=xt.device)], device=device)
-    flat = {kk: spectral_flatness(v) for kk, v in spectra.items()}
-    metrics["spectrum_flatness_selected"] = flat["datamask"]
-    metrics["spectrum_flatness_topk"] = flat["topk"]
-    metrics["spectrum_flatness_random"] = flat["random"]
-    metrics["spectrum_flatness_shard"] = flat["shard"]
-    if "greedy" in flat:
-        metrics["spectrum_flatness_greedy"] = flat["greedy"]
+        subsets["greedy"] = as_mask(greedy, n)
+    spectra = subset_spectra(xt, subsets, device=device)
+    flat = {name: spectral_flatness(ev) for name, ev in spectra.items()}
+
+    metrics: dict = {"n_rows": float(n), "dim": float(d), "k_selected": float(k),
+                     "kept_fraction": k / n, "lamb": float(lamb)}
+    metrics.update(objective_metrics(levels))
+    metrics.update(selection_quality(q_np, sel, topk_mask))
+    for name in spectra:
+        metrics[f"spectrum_flatness_{_FLATNESS_KEYS[name]}"] = flat[name]
     if history:
         metrics["learner_steps"] = float(history[-1]["step"])
         if "elapsed_s" in history[-1]:
             metrics["learner_elapsed_s"] = float(history[-1]["elapsed_s"])
-
     ret = None
     if sources is not None:
         ret = source_retention(sources, sel, topk_mask)
-        metrics["n_sources"] = float(len(ret["names"]))
-        folded = fold_sources(ret, MAX_SOURCES_SHOWN)
-        used: set = set()
-        for i, s in enumerate(folded["names"]):
-            key = _metric_key(s)
-            base, j = key, 2
-            while key in used:  # two names that sanitise alike keep separate entries
-                key, j = f"{base}~{j}", j + 1
-            used.add(key)
-            metrics[f"retention_selected[{key}]"] = float(folded["retention_selected"][i])
-            metrics[f"retention_topk[{key}]"] = float(folded["retention_topk"][i])
-            metrics[f"share_shard[{key}]"] = float(folded["share_shard"][i])
-            metrics[f"share_selected[{key}]"] = float(folded["share_selected"][i])
+        metrics.update(source_metrics(ret, MAX_SOURCES_SHOWN))
 
     # ---- figures
     rows, coords, ratio = pca_2d(xt, device=device)
     figures = {
         "curve": _figure_curve(list(history or []), algorithm, lamb, levels),
-        "quality": _figure_quality(q_np, sel, topk_mask),
+        "quality": _figure_quality(quality_histograms(q_np, {"datamask": sel, "topk": topk_mask})),
         "projection": _figure_projection(coords, ratio, sel[rows], topk_mask[rows], n),
         "spectrum": _figure_spectrum(spectra, flat, d),
     }
@@ -774,11 +531,10 @@ def _score_table(levels: dict, metrics: dict, algorithm: str, lamb: float):
         ["f_qua (mean quality)"] + [_fmt(levels[c]["f_qua"]) for c in cols],
         [f"f_div ({algorithm})"] + [_fmt(levels[c]["f_div"]) for c in cols],
     ]
-    flat_key = {"datamask": "spectrum_flatness_selected", "topk": "spectrum_flatness_topk",
-                "random": "spectrum_flatness_random", "greedy": "spectrum_flatness_greedy"}
     flat_row = ["spectrum flatness"]
     for c in cols:
-        flat_row.append(_fmt(metrics[flat_key[c]], 4) if flat_key.get(c) in metrics else "–")
+        key = f"spectrum_flatness_{_FLATNESS_KEYS[c]}"
+        flat_row.append(_fmt(metrics[key], 4) if key in metrics else "–")
     body.append(flat_row)
     return header, body
 
@@ -808,6 +564,9 @@ def _source_rows(ret: dict) -> list[list[str]]:
             for i in range(len(ret["names"]))]
 
 
+_SOURCE_HEADER = ["source", "rows", "kept", "retention", "top-k retention"]
+
+
 def _markdown(metrics, levels, algorithm, lamb, ret) -> str:
     header, body = _score_table(levels, metrics, algorithm, lamb)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -815,66 +574,34 @@ def _markdown(metrics, levels, algorithm, lamb, ret) -> str:
     lines += ["", "| summary | value |", "|---|---|"]
     lines += [f"| {a} | {b} |" for a, b in _summary_lines(metrics)]
     if ret is not None:
-        lines += ["", "| source | rows | kept | retention | top-k retention |", "|---|---|---|---|---|"]
+        lines += ["", "| " + " | ".join(_SOURCE_HEADER) + " |", "|---|---|---|---|---|"]
         for row in _source_rows(fold_sources(ret, MAX_SOURCES_SHOWN)):
             lines.append("| " + " | ".join(c.replace("|", "/") for c in row) + " |")
     return "\n".join(lines) + "\n"
 
 
-_CSS = """
-body{font-family:-apple-system,'Segoe UI',Helvetica,Arial,sans-serif;margin:24px auto;
-max-width:1180px;color:#222;padding:0 16px}
-h1{font-size:1.5em;margin-bottom:4px}h2{font-size:1.15em;margin-top:28px}
-.sub{color:#666;margin-top:0}
-table{border-collapse:collapse;margin:10px 0;font-size:0.92em}
-th,td{border:1px solid #ddd;padding:4px 10px;text-align:right}
-th:first-child,td:first-child{text-align:left}th{background:#f4f6f8}
-figure{margin:10px 0 22px 0}img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{color:#555;font-size:0.9em;max-width:900px}
-details{margin-top:20px}code{background:#f4f4f4;padding:1px 4px}
-"""
-
-
-def _table_html(header, body) -> str:
-    e = _html.escape
-    out = ["<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"]
-    for r in body:
-        out.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in r) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
-
-
 def _html_page(title, metrics, levels, algorithm, lamb, figures, ret, extra) -> str:
-    e = _html.escape
     header, body = _score_table(levels, metrics, algorithm, lamb)
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{e(title)}</title>",
-        f"<style>{_CSS}</style></head><body>",
-        f"<h1>{e(title)}</h1>",
-        f'<p class="sub">{int(metrics["n_rows"]):,} rows × {int(metrics["dim"])} dims · '
-        f"algorithm {e(algorithm)} · λ = {lamb:g} · kept {int(metrics['k_selected']):,} "
-        f"({_pct(metrics['kept_fraction'])}). All scores below are on the whole shard.</p>",
-        _table_html(header, body),
-        _table_html(["summary", "value"], _summary_lines(metrics)
-                    + [(str(a), str(b)) for a, b in extra.items()]),
-    ]
-    titles = {"curve": "Optimisation curve", "quality": "Quality distribution",
-              "projection": "Embedding projection", "spectrum": "Eigen-spectrum flatness",
-              "sources": "Retention per source"}
+    sections = []
     for name, png in figures.items():
-        parts.append(f"<h2>{e(titles.get(name, name))}</h2>")
-        parts.append(f'<figure><img alt="{e(name)}" src="{data_uri(png)}">'
-                     f"<figcaption>{e(FIGURE_CAPTIONS.get(name, ''))}</figcaption></figure>")
+        table = None
         if name == "sources" and ret is not None:
-            rows_ = _source_rows(fold_sources(ret, MAX_SOURCES_IN_TABLE))
-            parts.append(_table_html(["source", "rows", "kept", "retention", "top-k retention"], rows_))
-    parts.append("<details><summary>All metrics</summary>")
-    parts.append(_table_html(["metric", "value"], [[kk, _fmt(v, 6)] for kk, v in metrics.items()]))
-    parts.append(f"<pre>{e(json.dumps(metrics, indent=1, default=float))}</pre></details>")
-    parts.append("</body></html>")
-    return "\n".join(parts)
+            table = {"header": _SOURCE_HEADER,
+                     "rows": _source_rows(fold_sources(ret, MAX_SOURCES_IN_TABLE))}
+        sections.append({"name": name, "title": FIGURE_TITLES.get(name, name), "png": png,
+                         "caption": FIGURE_CAPTIONS.get(name, ""), "table": table})
+    return render(
+        "shard_report.html.j2",
+        title=title,
+        algorithm=algorithm,
+        lamb=lamb,
+        metrics=metrics,
+        score_header=header,
+        score_rows=body,
+        summary_rows=_summary_lines(metrics) + list(extra.items()),
+        sections=sections,
+        metrics_json=json.dumps(metrics, indent=1, default=float),
+    )
 
 
 # ================================================================== output

@@ -18,7 +18,6 @@ from datamask_pipeline.engine import storage
 from datamask_pipeline.reporting import (
     build_shard_report,
     correlation_spectrum,
-    pca_2d,
     source_retention,
     spectral_flatness,
     write_shard_report,
@@ -239,68 +238,7 @@ def test_many_sources_fold_into_other_and_similar_names_stay_apart():
     assert f"other ({len(ret['names']) - 14} sources)" in rep.markdown
 
 
-# ----------------------------------------------------------------------- numerics
-def test_spectral_flatness_limits():
-    for d in (1, 7, 64):
-        assert spectral_flatness(np.full(d, 3.0)) == pytest.approx(1.0)
-        collapsed = np.zeros(d)
-        collapsed[0] = 5.0
-        assert spectral_flatness(collapsed) == pytest.approx(1.0 / d)
-    two = np.array([1.0, 1.0, 0.0, 0.0])
-    assert spectral_flatness(two) == pytest.approx(0.5)  # effective rank 2 of 4
-    assert 0.25 < spectral_flatness([4.0, 1.0, 1.0, 0.5]) < 1.0
-
-
-def test_correlation_spectrum_of_whitened_and_collapsed_data():
-    rng = np.random.default_rng(0)
-    k, d = 200, 16
-    a = rng.normal(size=(k, d))
-    a -= a.mean(axis=0)
-    white, _ = np.linalg.qr(a)  # orthonormal, zero-mean columns: correlation = identity
-    ev = correlation_spectrum(white * 3.0 + 1.0)
-    assert ev == pytest.approx(np.full(d, 1.0 / d), abs=1e-9)
-    assert spectral_flatness(ev) == pytest.approx(1.0, abs=1e-9)
-    # every row a multiple of one direction: all dimensions perfectly correlated
-    v = rng.normal(size=d)
-    collapsed = rng.normal(size=(k, 1)) * v
-    ev = correlation_spectrum(collapsed)
-    assert spectral_flatness(ev) == pytest.approx(1.0 / d, rel=1e-6)
-
-
-@pytest.mark.parametrize("k", [5, 40])  # Gram branch (k <= d) and the d x d branch
-def test_correlation_spectrum_matches_numpy(k):
-    rng = np.random.default_rng(k)
-    d = 12
-    x = rng.normal(size=(k, d)) @ rng.normal(size=(d, d))
-    ev = correlation_spectrum(x)
-    ref = np.sort(np.clip(np.linalg.eigvalsh(np.corrcoef(x, rowvar=False)), 0, None))[::-1]
-    assert ev.shape == (d,) and ev.sum() == pytest.approx(1.0)
-    np.testing.assert_allclose(ev, ref / ref.sum(), atol=1e-10)
-
-
-def test_pca_2d_matches_svd_and_subsamples():
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(300, 10)) * np.linspace(3, 0.3, 10)
-    rows, coords, ratio = pca_2d(x)
-    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
-    xc = xn - xn.mean(0)
-    s = np.linalg.svd(xc, compute_uv=False)
-    np.testing.assert_allclose(ratio, (s**2 / (s**2).sum())[:2], rtol=1e-8)
-    np.testing.assert_allclose(np.abs(coords).std(0) ** 2 + np.abs(coords).mean(0) ** 2,
-                               (s[:2] ** 2) / len(x), rtol=1e-8)  # E[c^2] = sigma^2 / n
-    assert np.array_equal(rows, np.arange(300))
-    rows2, coords2, _ = pca_2d(x, max_points=100, seed=3)
-    assert rows2.shape == (100,) and np.all(np.diff(rows2) > 0) and coords2.shape == (100, 2)
-    rows3, coords3, _ = pca_2d(x, max_points=100, seed=3)
-    assert np.array_equal(rows2, rows3) and np.array_equal(coords2, coords3)
-    # d > m: the Gram branch gives the same variance ratios as an SVD
-    wide = rng.normal(size=(20, 50))
-    _, _, r_wide = pca_2d(wide)
-    wn = wide / np.linalg.norm(wide, axis=1, keepdims=True)
-    sw = np.linalg.svd(wn - wn.mean(0), compute_uv=False)
-    np.testing.assert_allclose(r_wide, (sw**2 / (sw**2).sum())[:2], rtol=1e-8)
-
-
+# ----------------------------------------------------------------------- input
 def test_selection_input_validation(shard_run):
     run = shard_run
     with pytest.raises(ValueError, match="at least 2"):
@@ -350,7 +288,7 @@ def test_write_publishes_every_file_atomically(report, shard_run, tmp_path, monk
 
 
 def test_a_failed_write_publishes_no_page_and_leaves_no_temp_files(report, tmp_path, monkeypatch):
-    real = storage._open_tmp
+    real = storage.publish._open_tmp
     seen = []
 
     class Boom(OSError):
@@ -367,7 +305,7 @@ def test_a_failed_write_publishes_no_page_and_leaves_no_temp_files(report, tmp_p
                 raise Boom("disk full")
             yield fh
 
-    monkeypatch.setattr(storage, "_open_tmp", failing)
+    monkeypatch.setattr(storage.publish, "_open_tmp", failing)
     out_dir = tmp_path / "r"
     with pytest.raises(Boom):
         write_shard_report(report, str(out_dir))
