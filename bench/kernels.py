@@ -21,7 +21,8 @@ def sample_masks_before(logits_b, G, k, gen):
 
 def facility_before(batch, idx, chunk=None):
     """engine.objectives.facility before the speed-up: gathers columns of S."""
-    from datamask_pipeline.engine.objectives import _rollout_chunks, _similarity_matrix
+    from datamask_pipeline.engine.terms.base import rollout_chunks as _rollout_chunks
+    from datamask_pipeline.engine.terms.facility import similarity_matrix as _similarity_matrix
 
     G, k = idx.shape
     m = batch.m
@@ -75,8 +76,12 @@ def kernels(x_np, q_np, device, *, G: int, partial: float, select_ratio: float, 
             reps: int = 5) -> list:
     """Achieved GFLOP/s (compute-bound) or GB/s (memory-bound) of each term's dominant kernel,
     as a fraction of the same run's matmul / copy peak."""
-    from datamask_pipeline.engine.objectives import Batch, disf_from_points, pairwise
-    from datamask_pipeline.engine.objectives import facility as facility_now
+    from datamask_pipeline.engine import terms
+    from datamask_pipeline.engine.objectives import Batch
+    from datamask_pipeline.engine.terms.disf import disf_from_points
+
+    pairwise = terms.get("Pair_simi").batched
+    facility_now = terms.get("Facility").batched
 
     dev = torch.device(device)
     x = torch.as_tensor(x_np, device=dev)
@@ -127,18 +132,18 @@ def kernels(x_np, q_np, device, *, G: int, partial: float, select_ratio: float, 
     add(f"Pair-wise objective, G={G}, k'={kb}", t, nbytes=2 * G * kb * d * es,
         note="gather + sum: memory-bound")
     # Whole-shard kernels of greedy / polish
-    from datamask_pipeline.engine.polish import _disf_rank_one
+    from datamask_pipeline.engine.terms.disf import rank_one_fdiv, rank_one_prep
 
-    W = torch.randn(d, d, device=dev, dtype=x.dtype)
+    W = torch.randn(d, d, device=dev, dtype=torch.float64)
     W = W @ W.T
     mu = x.mean(0)
     rows_c = min(n, 8192)
     xr = x[:rows_c]
-    Wsq = W * W
-    t = time_fn(lambda: _disf_rank_one(xr, mu, W, Wsq, 0.5, 100, d), reps=reps, device=dev)
+    prep = rank_one_prep(W, 100, torch.full((d,), 1e-8, dtype=torch.float64, device=dev), x.dtype)
+    t = time_fn(lambda: rank_one_fdiv(xr, mu, prep, 0.5, x.dtype), reps=reps, device=dev)
     add(f"DiSF rank-one keys (greedy pick / polish scores), {rows_c} rows", t,
         flops=4 * rows_c * d * d)
-    xn_all = torch.nn.functional.normalize(x, dim=1)
+    xn_all = Batch(x, q).xn
     c = min(256, n)
     J = torch.arange(c, device=dev)
     t = time_fn(lambda: (xn_all @ xn_all[J].T).clamp_(min=0), reps=reps, device=dev)
@@ -188,10 +193,15 @@ def objective_share(x_np, q_np, cfg, device, steps: int) -> dict:
 def speedups(x_np, q_np, device, *, G: int, reps: int = 7, quick: bool = False) -> list:
     """Before/after of each engine speed-up, interleaved in one process (medians)."""
     import datamask_pipeline.engine.learner as L
-    import datamask_pipeline.engine.objectives as O
+    from datamask_pipeline.engine import terms
     from datamask_pipeline.engine.config import LearnerConfig
+    from datamask_pipeline.engine.numerics import unit_rows as _unit
     from datamask_pipeline.engine.objectives import Batch
-    from datamask_pipeline.engine.polish import DENSE_ABOVE, _FacState, _fac_accumulate, _unit
+    from datamask_pipeline.engine.terms.facility import DENSE_ABOVE
+    from datamask_pipeline.engine.terms.facility import FacilityState as _FacState
+    from datamask_pipeline.engine.terms.facility import fac_accumulate as _fac_accumulate
+
+    fac_term = terms.get("Facility")
 
     dev = torch.device(device)
     out = []
@@ -212,10 +222,10 @@ def speedups(x_np, q_np, device, *, G: int, reps: int = 7, quick: bool = False) 
         q = torch.as_tensor(q_np[:m], device=dev, dtype=x.dtype)
         bt = Batch(x, q)
         idx = torch.stack([torch.randperm(m, generator=gen, device=dev)[:kb] for _ in range(G)])
-        O.facility(bt, idx[:1])
-        a, b = facility_before(bt, idx), O.facility(bt, idx)
+        fac_term.batched(bt, idx[:1])
+        a, b = facility_before(bt, idx), fac_term.batched(bt, idx)
         r = interleaved({"before": lambda: facility_before(bt, idx),
-                         "after": lambda: O.facility(bt, idx)}, reps=reps, device=dev)
+                         "after": lambda: fac_term.batched(bt, idx)}, reps=reps, device=dev)
         out.append({"what": f"facility objective given S (column -> row gather), G={G}, m={m}",
                     "before_s": r["before"]["median_s"], "after_s": r["after"]["median_s"],
                     "speedup": r["before"]["median_s"] / r["after"]["median_s"],
@@ -254,12 +264,14 @@ def speedups(x_np, q_np, device, *, G: int, reps: int = 7, quick: bool = False) 
                             partial=max(0.05, 300 / nl), seed=0, solver="paper")
 
         def run_before():
-            old_s, old_f = L.sample_masks, O.DIVERSITY["Facility"]
-            L.sample_masks, O.DIVERSITY["Facility"] = sample_masks_before, facility_before
+            # the registered Facility term's objective patched for the "before" run
+            old_s = L.sample_masks
+            L.sample_masks, fac_term.batched = sample_masks_before, facility_before
             try:
                 L.learn(x_np[:nl], q_np[:nl], cfg, device=dev)
             finally:
-                L.sample_masks, O.DIVERSITY["Facility"] = old_s, old_f
+                L.sample_masks = old_s
+                del fac_term.batched
 
         r = interleaved({"before": run_before,
                          "after": lambda: L.learn(x_np[:nl], q_np[:nl], cfg, device=dev)},

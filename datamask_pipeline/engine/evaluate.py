@@ -1,5 +1,5 @@
 """Whole-shard evaluation: every selection (DATAMASK, greedy, random, quality top-k) is scored
-here, on the same ground (V = all n samples, method.md section 6), with the objective
+here, on the same ground (V = all n samples, docs/method.md#batch-local-vs-whole-shard), with the objective
 functions of :mod:`objectives` so that learning and judging use one definition.
 """
 
@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .objectives import DIVERSITY, Batch, diversity_fn, quality, tensor_of
+from . import terms as _terms
+from .objectives import Batch, quality, tensor_of
 
-ALL_TERMS = ("DiSF", "Facility", "Pair_simi")
+# The built-in diversity terms (plug-ins are scored when named in ``terms``).
+ALL_TERMS = _terms.BUILTIN_NAMES
 
 
 def as_indices(selected, n: int) -> np.ndarray:
@@ -41,7 +43,7 @@ def _tensor(a, device, dtype=None) -> torch.Tensor:
 def make_ground_set(x, q, device="cpu", mem_budget: int | None = None) -> Batch:
     """The whole shard as a :class:`objectives.Batch` (embeddings kept in float64 when given
     float64, else float32). Build it once to score many selections of one shard."""
-    from .learner import resolve_device
+    from .device import resolve_device
 
     dev = resolve_device(device)
     xt = _tensor(x, dev)
@@ -56,7 +58,8 @@ def evaluate_selection(x, q, selected, *, lamb: float = 0.5, terms=ALL_TERMS, de
     """Score one selection on the whole shard.
 
     Returns ``{"n", "k", "lamb", "f_qua": float, "f_div": {term: float}, "f": {term: float}}``
-    with f = lamb * f_qua + (1 - lamb) * f_div. ``ground`` reuses a prepared
+    with f = lamb * f_qua + (1 - lamb) * f_div, keyed by each term's registered name. ``terms``:
+    names, aliases, {name: weight} mixtures or DiversityTerm objects. ``ground`` reuses a prepared
     :func:`make_ground_set` (then ``x``/``q`` are ignored)."""
     if not (0.0 <= lamb <= 1.0):
         raise ValueError(f"lamb must be in [0, 1], got {lamb}")
@@ -69,9 +72,11 @@ def evaluate_selection(x, q, selected, *, lamb: float = 0.5, terms=ALL_TERMS, de
     idx = torch.as_tensor(idx_np, device=batch.x.device).unsqueeze(0)
     f_qua = float(quality(batch, idx)[0])
     f_div, f = {}, {}
-    for term in terms:
-        fn = diversity_fn(term)
-        name = next(kk for kk, v in DIVERSITY.items() if v is fn)
-        f_div[name] = float(fn(batch, idx)[0])
-        f[name] = lamb * f_qua + (1.0 - lamb) * f_div[name]
+    for spec in terms:
+        term = _terms.get(spec)
+        if k < term.min_k:
+            raise ValueError(f"diversity term {term.name!r} needs a selection of at least "
+                             f"{term.min_k} samples, got {k}")
+        f_div[term.name] = float(term.batched(batch, idx)[0])
+        f[term.name] = lamb * f_qua + (1.0 - lamb) * f_div[term.name]
     return {"n": n, "k": k, "lamb": float(lamb), "f_qua": f_qua, "f_div": f_div, "f": f}

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from datamask_pipeline.engine.objectives import DIVERSITY, Batch, register_diversity, score
+from datamask_pipeline.engine import terms
+from datamask_pipeline.engine.objectives import Batch, score
 
 
 def _data(m=23, d=6, seed=0):
@@ -72,8 +73,9 @@ def test_objective_matches_brute_force_for_every_rollout(term, k, chunk_budget):
 def test_facility_similarity_matrix_and_row_block_paths_agree():
     x, q = _data(m=60, d=5, seed=3)
     idx = torch.as_tensor(np.random.default_rng(0).choice(60, size=(5, 8)))
-    with_s = DIVERSITY["Facility"](Batch(torch.as_tensor(x), torch.as_tensor(q)), idx)
-    no_s = DIVERSITY["Facility"](Batch(torch.as_tensor(x), torch.as_tensor(q), mem_budget=600), idx)
+    fac = terms.get("Facility")
+    with_s = fac.batched(Batch(torch.as_tensor(x), torch.as_tensor(q)), idx)
+    no_s = fac.batched(Batch(torch.as_tensor(x), torch.as_tensor(q), mem_budget=600), idx)
     torch.testing.assert_close(with_s, no_s)
 
 
@@ -86,16 +88,38 @@ def test_standardize_term_norm_is_per_term_zscore():
     torch.testing.assert_close(f, 0.4 * z(fq) + 0.6 * z(fd))
 
 
-def test_a_new_term_is_one_registered_function():
-    @register_diversity("NegMeanNorm")
-    def neg_mean_norm(batch, idx):
-        return -batch.x[idx].mean(dim=1).norm(dim=1)
+def test_a_new_term_is_one_registered_class():
+    class NegMeanNorm(terms.DiversityTerm):
+        name = "NegMeanNorm"
 
+        def batched(self, batch, idx, chunk=None):
+            return -batch.x[idx].mean(dim=1).norm(dim=1)
+
+    terms.register(NegMeanNorm)
     try:
         x, q = _data()
         batch = Batch(torch.as_tensor(x), torch.as_tensor(q))
         idx = torch.as_tensor([[0, 1, 2], [3, 4, 5]])
-        f, fq, fd = score(batch, idx, "NegMeanNorm", 0.5)
+        f, fq, fd = score(batch, idx, "negmeannorm", 0.5)
         assert fd[0].item() == pytest.approx(-np.linalg.norm(x[[0, 1, 2]].mean(0)))
     finally:
-        DIVERSITY.pop("NegMeanNorm")
+        terms.unregister("NegMeanNorm")
+
+
+@pytest.mark.parametrize("term", sorted(BRUTE))
+def test_rollout_chunk_is_passed_to_the_term_and_changes_nothing(term):
+    x, q = _data()
+    batch = Batch(torch.as_tensor(x), torch.as_tensor(q))
+    idx = torch.as_tensor(np.random.default_rng(2).choice(23, size=(9, 5)))
+    seen = []
+    real = terms.get(term)
+
+    class Spy(type(real)):
+        def batched(self, batch, idx, chunk=None):
+            seen.append(chunk)
+            return super().batched(batch, idx, chunk)
+
+    whole = score(batch, idx, term, 0.3)[0]
+    chunked = score(batch, idx, Spy(), 0.3, chunk=2)[0]
+    assert seen == [2]
+    torch.testing.assert_close(whole, chunked)

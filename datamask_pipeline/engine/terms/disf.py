@@ -1,0 +1,321 @@
+"""DiSF (docs/method.md#disf): f_div = -(sum of squared off-diagonal correlations of the
+selection's embedding dimensions)/d^2. The batched objective, greedy and the swap polish, all
+computed in DiSF's exact frame (:func:`numerics.disf_frame`); greedy and polish score every
+candidate with one rank-one update of the selection's scatter matrix (:func:`rank_one_fdiv`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Batch, DiversityTerm, PolishContext, rollout_chunks
+from .sampling import CandidateSampler
+
+DISF_STD_FLOOR = 1e-8
+
+
+# ------------------------------------------------------------------ objective
+def disf_from_points(xu: torch.Tensor, floor=DISF_STD_FLOOR,
+                     stats_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """DiSF for a stack of selections ``xu`` (c, k, d): standardise each dimension (unbiased
+    std, floored at ``floor``: a number or a (d,) tensor), then -(sum of squared off-diagonal
+    correlations)/d^2, with the Gram (k x k) or covariance (d x d) product by shape. The
+    per-dimension statistics are computed in ``stats_dtype`` (default: xu's)."""
+    c, k, d = xu.shape
+    sd = stats_dtype or xu.dtype
+    xs = xu.to(sd)
+    xc = xs - xs.mean(dim=1, keepdim=True)
+    var = (xc * xc).sum(dim=1, keepdim=True) / (k - 1)
+    fl = torch.as_tensor(floor, dtype=sd, device=xu.device)
+    z = (xc / torch.maximum(var.sqrt(), fl)).to(xu.dtype)  # |z| <= sqrt(k - 1): in range
+    del xs, xc
+    if k < d:
+        gram = z @ z.transpose(1, 2)  # (c, k, k); ||Z^T Z||_F = ||Z Z^T||_F
+        fro2 = (gram * gram).sum(dim=(1, 2))
+        diag = (z * z).sum(dim=1) / (k - 1)  # (c, d): C_aa, from the same z as the Gram
+        off = fro2 / (k - 1) ** 2 - (diag * diag).sum(dim=1)
+    else:
+        cov = z.transpose(1, 2) @ z / (k - 1)  # (c, d, d)
+        cov.diagonal(dim1=1, dim2=2).zero_()  # off-diagonal sum directly: no cancellation
+        off = (cov * cov).sum(dim=(1, 2))
+    return -off / (d * d)
+
+
+def fdiv_from_scatter(W: torch.Tensor, k: int, floor: torch.Tensor) -> float:
+    """f_div of a selection of k samples from its scatter matrix W (float64, frame units)."""
+    d = W.shape[0]
+    sig = torch.maximum((torch.diagonal(W) / (k - 1)).clamp(min=0).sqrt(), floor)
+    C = W / ((k - 1) * sig[:, None] * sig[None, :])
+    C.fill_diagonal_(0)
+    return -float((C * C).sum()) / (d * d)
+
+
+def scatter(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, scatter matrix) of the rows ``xs``, two-pass in float64."""
+    xs = xs.to(torch.float64)
+    mu = xs.mean(0)
+    xc = xs - mu
+    return mu, xc.T @ xc
+
+
+# ------------------------------------------------------------- rank-one scores
+def rank_one_prep(W: torch.Tensor, denom: float, floor: torch.Tensor, dtype: torch.dtype) -> dict:
+    """What :func:`rank_one_fdiv` needs from a scatter matrix W (..., d, d) (float64), computed
+    once per selection: the normalised Wn = W / (denom r r^T) with r = max(sqrt(W_aa/denom),
+    floor) (so |Wn_ab| <= 1) and Wn * Wn, both in ``dtype``."""
+    Wd = torch.diagonal(W, dim1=-2, dim2=-1)
+    rhat = torch.maximum((Wd.clamp(min=0) / denom).sqrt(), floor)
+    Wn = W / (denom * rhat[..., :, None] * rhat[..., None, :])
+    return {"Wd": Wd, "rhat": rhat, "Wn": Wn.to(dtype), "Wn2": (Wn * Wn).to(dtype),
+            "denom": float(denom), "floor": floor}
+
+
+def rank_one_fdiv(xb: torch.Tensor, mu: torch.Tensor, prep: dict, c: float,
+                  stats_dtype: torch.dtype) -> torch.Tensor:
+    """f_div of the selection whose scatter matrix is W + c v v^T (v = row - mu) and whose
+    unbiased variance divisor is ``prep['denom']``, for every row of ``xb`` (r, d); c > 0 adds
+    a sample, c < 0 removes one (Welford's downdate). W and mu may carry leading batch
+    dimensions (..., d, d) / (..., d): the result is then (..., r).
+
+    With sigma = the candidate's floored std per dimension, rho = r / sigma and u = v / sigma,
+    the new correlation matrix is rho rho^T * Wn + (c/denom) u u^T, whose squared Frobenius
+    norm expands into two (r x d) @ (d x d) products; every factor is bounded (|Wn| <= 1,
+    rho <= 1 and u^2 <= denom/c when adding), so float32 is safe for the products."""
+    dt = xb.dtype
+    sd = stats_dtype
+    D = prep["denom"]
+    a = c / D
+    floor = prep["floor"].to(sd)
+    # In-place passes over (..., r, d) buffers: this is greedy's and polish's inner loop.
+    v = xb.to(sd) - mu.to(sd)[..., None, :]  # (..., r, d)
+    var = (v * v).mul_(c).add_(prep["Wd"].to(sd)[..., None, :]).div_(D).clamp_(min=0)
+    inv = torch.maximum(var.sqrt(), floor).reciprocal_()  # 1 / sigma
+    u = v.mul_(inv)  # v / sigma
+    uu = torch.einsum("...i,...i->...", u, u)
+    diag = var.mul_(inv).mul_(inv)  # C_aa of the new selection (1 unless the std is floored)
+    d2 = torch.einsum("...i,...i->...", diag, diag)
+    rho = inv.mul_(prep["rhat"].to(sd)[..., None, :])  # rhat / sigma
+    r2 = (rho * rho).to(dt)
+    ru = rho.mul_(u).to(dt)
+    total = torch.einsum("...i,...i->...", r2 @ prep["Wn2"], r2) \
+        + (2 * a) * torch.einsum("...i,...i->...", ru @ prep["Wn"], ru)
+    off = total.to(sd) + (a * a) * uu * uu - d2
+    return (-off / (xb.shape[-1] ** 2)).to(dt)
+
+
+def _rows_per_chunk(budget: int, d: int, lead: int = 1) -> int:
+    return max(1, int(budget // max(1, 10 * lead * d * 8)))
+
+
+def rank_one_scores(x, rows_idx, mu, W, c, denom, floor, stats_dtype, budget):
+    """:func:`rank_one_fdiv` for the rows ``rows_idx`` of ``x`` (None: every row), chunked."""
+    n_rows = x.shape[0] if rows_idx is None else rows_idx.numel()
+    prep = rank_one_prep(W, denom, floor, x.dtype)
+    out = torch.empty(n_rows, dtype=x.dtype, device=x.device)
+    step = _rows_per_chunk(budget, x.shape[1])
+    for s in range(0, n_rows, step):
+        xb = x[s : s + step] if rows_idx is None else x[rows_idx[s : s + step]]
+        out[s : s + step] = rank_one_fdiv(xb, mu, prep, c, stats_dtype)
+    return out
+
+
+def swap_fdiv(x, outs, cand, mu, W, k, floor, stats_dtype, budget) -> torch.Tensor:
+    """f_div of U - o + j for every member o in ``outs`` and every j in ``cand``: (|outs|,
+    |cand|). Each U - o is a rank-one downdate; its additions are scored in batches of
+    members (one batched (r x d) @ (d x d) product per batch)."""
+    d = x.shape[1]
+    out = torch.empty((outs.numel(), cand.numel()), dtype=x.dtype, device=x.device)
+    per_member = 3 * d * d * 8
+    g = max(1, min(outs.numel(), int(budget // 2 // max(1, per_member))))
+    for s in range(0, outs.numel(), g):
+        o = outs[s : s + g]
+        v = x[o].to(torch.float64) - mu  # (g, d)
+        Wo = W - (k / (k - 1)) * v[:, :, None] * v[:, None, :]
+        muo = mu - v / (k - 1)
+        prep = rank_one_prep(Wo, k - 1, floor, x.dtype)
+        step = _rows_per_chunk(budget // 2, d, lead=o.numel())
+        for r in range(0, cand.numel(), step):
+            out[s : s + g, r : r + step] = rank_one_fdiv(
+                x[cand[r : r + step]], muo, prep, (k - 1) / k, stats_dtype)
+    return out
+
+
+class DiSF(DiversityTerm):
+    """DiSF: decorrelated embedding dimensions ("DiSF")."""
+
+    name = "DiSF"
+    aliases = ("disf",)
+    min_k = 2
+
+    # ------------------------------------------------------------------ objective
+    def batched(self, batch: Batch, idx: torch.Tensor, chunk: int | None = None) -> torch.Tensor:
+        G, k = idx.shape
+        if k < 2:
+            raise ValueError("DiSF needs k >= 2")
+        fr = batch.disf_frame(DISF_STD_FLOOR)
+        x, d = fr.x, batch.d
+        out = torch.empty(G, dtype=x.dtype, device=x.device)
+        per = (3 * k * d + min(k, d) ** 2) * batch.elem_size() + 3 * k * d * 8
+        for s, e in rollout_chunks(G, per, batch.mem_budget, chunk):
+            out[s:e] = disf_from_points(x[idx[s:e]], fr.floor, fr.stats_dtype)
+        return out
+
+    def workspace_bytes(self, m, k, d, itemsize, budget) -> int:
+        return int(budget) + m * d * itemsize  # the cached frame
+
+    # --------------------------------------------------------------------- greedy
+    def greedy(self, ground: Batch, k: int, lamb: float, *, sample=None, generator=None,
+               **options) -> torch.Tensor:
+        """The scatter matrix W of the selection is updated by rank one per pick (Welford,
+        float64); every candidate (all n, or the s sampled) is scored by
+        :func:`rank_one_fdiv`: two (rows x d) @ (d x d) products, O(k n d^2) in total."""
+        fr = ground.disf_frame(DISF_STD_FLOOR)
+        x, q = fr.x, ground.q
+        n, d = x.shape
+        dev = x.device
+        chosen = torch.zeros(n, dtype=torch.bool, device=dev)
+        picks = torch.empty(k, dtype=torch.long, device=dev)
+        mu = torch.zeros(d, dtype=torch.float64, device=dev)
+        W = torch.zeros(d, d, dtype=torch.float64, device=dev)
+        sampler = CandidateSampler(n, sample, generator, dev) if sample else None
+        for t in range(k):
+            cand = sampler.draw() if sampler else None
+            qc = q if cand is None else q[cand]
+            if t == 0:
+                key = qc.clone()
+            else:
+                fd = rank_one_scores(x, cand, mu, W, t / (t + 1.0), t, fr.floor,
+                                     fr.stats_dtype, ground.mem_budget)
+                key = lamb * qc / (t + 1) + (1 - lamb) * fd
+            if cand is None:
+                j = int(torch.argmax(key.masked_fill(chosen, -torch.inf)))
+            else:
+                j = int(cand[torch.argmax(key)])
+            picks[t] = j
+            chosen[j] = True
+            v = x[j].to(torch.float64) - mu
+            W += (t / (t + 1.0)) * torch.outer(v, v)
+            mu += v / (t + 1)
+            if sampler:
+                sampler.remove(j)
+        return picks
+
+    # --------------------------------------------------------------------- polish
+    def polish(self, c: PolishContext) -> dict:
+        """Block swaps: the B best incoming (f_div of U + j) paired with the B best outgoing
+        (f_div of U - o) samples, the exchanged set scored exactly (float64, from scratch);
+        kept if f rose (then 2B), else B halves. At B = 1 every non-member is scored on U - o
+        for the ``ctx.exact_outs`` most promising members (None: all of them, in batches);
+        converged=True only when every member was checked and no swap improves f."""
+        n, k, lamb = c.n, c.k, c.lamb
+        fr = c.ground.disf_frame(DISF_STD_FLOOR)
+        x, floor, sd = fr.x, fr.floor, fr.stats_dtype
+        member = c.member_mask()
+
+        def evaluate(mask):
+            idx = torch.nonzero(mask).flatten()
+            mu, W = scatter(x[idx])
+            fd = fdiv_from_scatter(W, k, floor)
+            return lamb * float(c.q64[idx].sum()) / k + (1 - lamb) * fd, fd, mu, W
+
+        f, fd, mu, W = evaluate(member)
+        f0 = f
+        swaps = moves = rounds = 0
+        bcap = max(1, k // 8)
+        converged, stop = False, "max_rounds"
+        while rounds < c.max_rounds:
+            if c.out_of_time():
+                stop = "time_budget"
+                break
+            rounds += 1
+            nonm = torch.nonzero(c.allowed & ~member).flatten()
+            mem = torch.nonzero(member).flatten()
+            if nonm.numel() == 0:
+                converged, stop = True, "nothing_to_swap"
+                break
+            # single-sample scores (first-order swap gains split into an "in" and an "out" part)
+            g = lamb * c.q[nonm] / k + (1 - lamb) * (
+                rank_one_scores(x, nonm, mu, W, k / (k + 1), k, floor, sd, c.budget) - fd)
+            h = -lamb * c.q[mem] / k + (1 - lamb) * (
+                rank_one_scores(x, mem, mu, W, -k / (k - 1), k - 2, floor, sd, c.budget) - fd)
+            B = min(bcap, nonm.numel())
+            gv, gi = torch.topk(g, B)
+            hv, hi = torch.topk(h, B)
+            pos = int(((gv + hv) > 0).sum())
+            if pos > 0:
+                B = pos
+                J, O = nonm[gi[:B]], mem[hi[:B]]
+                trial = member.clone()
+                trial[O], trial[J] = False, True
+                f_new, fd_new, mu_new, W_new = evaluate(trial)
+                if f_new > f + c.tol:
+                    member = trial
+                    f, fd, mu, W = f_new, fd_new, mu_new, W_new
+                    swaps += B
+                    moves += 1
+                    bcap = min(k, 2 * B)
+                    c.progress(f, swaps)
+                    continue
+                if B > 1:
+                    bcap = B // 2
+                    continue
+            # Exact single swaps, members in order of promise, a batch of members at a time.
+            order = mem[torch.argsort(h, descending=True)]
+            n_out = order.numel() if c.exact_outs is None else min(c.exact_outs, order.numel())
+            found, checked_all, timed_out = None, False, False
+            group = max(1, min(n_out, int(c.budget // 2 // max(1, 3 * x.shape[1] ** 2 * 8))))
+            for s in range(0, n_out, group):
+                if c.out_of_time():
+                    timed_out = True
+                    break
+                outs = order[s : min(n_out, s + group)]
+                gain = (c.q[nonm][None, :] - c.q[outs][:, None]) * (lamb / k) + (1 - lamb) * (
+                    swap_fdiv(x, outs, nonm, mu, W, k, floor, sd, c.budget) - fd)
+                # verify the most promising pairs exactly: float32 scores can be off by ~1e-7
+                vals, flat = torch.topk(gain.flatten(), min(8, gain.numel()))
+                for v, fl in zip(vals.tolist(), flat.tolist()):
+                    if v <= c.tol:
+                        break
+                    o, j = int(outs[fl // nonm.numel()]), int(nonm[fl % nonm.numel()])
+                    trial = member.clone()
+                    trial[o], trial[j] = False, True
+                    res = evaluate(trial)
+                    if res[0] > f + c.tol:
+                        found = (trial, res)
+                        break
+                if found:
+                    break
+            else:
+                checked_all = n_out == order.numel()
+            if found is None:
+                if timed_out:
+                    stop = "time_budget"
+                elif checked_all:
+                    converged, stop = True, "local_optimum"
+                else:
+                    stop = "partial_check"  # no improving swap among the members checked
+                break
+            member, (f, fd, mu, W) = found
+            swaps += 1
+            moves += 1
+            bcap = 2
+            c.progress(f, swaps)
+        return {"members": torch.nonzero(member).flatten(), "f_start": f0, "f_end": f,
+                "swaps": swaps, "moves": moves, "rounds": rounds, "converged": converged,
+                "stop": stop}
+
+    def best_swap(self, c: PolishContext) -> tuple[int, int, float]:
+        k, lamb = c.k, c.lamb
+        fr = c.ground.disf_frame(DISF_STD_FLOOR)
+        member = c.member_mask()
+        idx = torch.nonzero(member).flatten()
+        nonm = torch.nonzero(c.allowed & ~member).flatten()
+        mu, W = scatter(fr.x[idx])
+        fd = fdiv_from_scatter(W, k, fr.floor)
+        gain = (c.q[nonm][None, :] - c.q[idx][:, None]) * (lamb / k) + (1 - lamb) * (
+            swap_fdiv(fr.x, idx, nonm, mu, W, k, fr.floor, fr.stats_dtype, c.budget) - fd)
+        flat = int(torch.argmax(gain))
+        return int(idx[flat // nonm.numel()]), int(nonm[flat % nonm.numel()]), float(gain.max())
+
+
+DISF = DiSF()
