@@ -8,10 +8,10 @@ time, config hash and the pre-flight memory estimate. Runs in the ``gpu`` concur
 (``RetryPolicy``) resume where the failed attempt stopped; it is deleted once the outputs are
 published.
 
-Every method knob is a field of :class:`MaskConfig` (editable in the Launchpad). Defaults are
-the paper's GPU settings; with ``DATAMASK_PRESET=cpu-demo`` in the environment of the code
-location they are the engine's ``CPU_DEMO_PRESET`` (a 5k-row shard in about a minute on two
-CPU cores).
+Every method knob is a field of :class:`MaskConfig` (editable in the Launchpad), derived from
+the engine's ``LearnerConfig``. Defaults are the ``pipeline`` profile (solver ``auto``: the
+bench's measured best route); ``DATAMASK_PRESET=upstream`` gives upstream's exact behaviour and
+``cpu-demo`` the pipeline profile with CPU-sized learner knobs.
 """
 
 import json
@@ -21,7 +21,7 @@ from typing import Optional
 
 import dagster as dg
 import numpy as np
-from pydantic import Field
+from pydantic import Field, create_model
 
 from datamask_pipeline import settings
 from datamask_pipeline.engine import storage
@@ -39,77 +39,25 @@ CODE_VERSION = "mask-1"
 MASK_COLUMNS = (ID, "logit", "rank", "selected")
 CURVE_ROWS = 12
 
-_D = settings.learner_defaults()
-
-
-class MaskConfig(dg.Config):
-    """The method's knobs (names follow upstream's ``train_mask.py`` flags)."""
-
-    algorithm: str = Field(
-        default=_D["algorithm"],
-        description="Diversity term f_div: DiSF (decorrelated embedding dimensions), Facility "
-        "(facility location: coverage) or Pair_simi (minus mean pair-wise cosine). --algorithm",
-    )
-    lamb: float = Field(
-        default=_D["lamb"],
-        description="λ in f = λ·f_qua + (1−λ)·f_div, in [0, 1]; 1 = quality only. The paper "
-        "uses 0.5 and recommends 0.1–0.5. --lamb",
-    )
-    select_ratio: float = Field(
-        default=_D["select_ratio"],
-        description="Fraction of the shard to keep, in (0, 1): k = round(select_ratio · n). "
-        "--select_ratio",
-    )
-    n_epochs: int = Field(
-        default=_D["n_epochs"],
-        description="Policy-gradient update steps (5,000 in the upstream README). --n_epochs",
-    )
-    n_rollout: int = Field(
-        default=_D["n_rollout"],
-        description="Masks G sampled per step (GRPO-style group); 128–256 recommended, too few "
-        "diverges. --n_rollout",
-    )
-    partial: float = Field(
-        default=_D["partial"],
-        description="Fraction of the shard drawn as each step's batch, in (0, 1]; diversity is "
-        "computed within the batch. 0.05–0.1 recommended. --partial",
-    )
-    max_lr: float = Field(
-        default=_D["max_lr"],
-        description="Learning rate at the first step (falls linearly to min_lr). --max_lr",
-    )
-    min_lr: float = Field(default=_D["min_lr"], description="Learning rate at the last step. --min_lr")
-    init: str = Field(
-        default=_D["init"],
-        description="Initial logits: 'quality' (p_i ∝ normalised quality; starts at quality "
-        "top-k) or 'same' (uniform). --init",
-    )
-    prune_ratio: float = Field(
-        default=_D["prune_ratio"],
-        description="Drop this bottom fraction by quality before learning, in [0, 1) (the paper "
-        "prunes 40–50%; 0 = off).",
-    )
-    term_norm: str = Field(
-        default=_D["term_norm"],
-        description="'none' or 'standardize' (z-score f_qua and f_div across the rollouts "
-        "before mixing; re-weights λ towards diversity).",
-    )
-    seed: int = Field(default=_D["seed"], description="Random seed (batches, Gumbel noise, the random baseline).")
-    solver: str = Field(
-        default=_D["solver"],
-        description="'paper': the policy-gradient learner alone; 'paper+polish': then a swap "
-        "local search on the whole-shard objective that starts from the learner's read-out "
-        "and never lowers f.",
-    )
-    rollout_chunk: Optional[int] = Field(
-        default=_D["rollout_chunk"],
-        description="Rollouts scored at once (memory vs speed); unset = chosen from the "
-        "objective's memory budget. Does not change the result.",
-    )
-
+class _MaskConfigBase(dg.Config):
     def learner_config(self) -> LearnerConfig:
-        """The engine's config (raises ConfigError for unknown algorithms)."""
-        return LearnerConfig(**{f: getattr(self, f) for f in LearnerConfig.__dataclass_fields__})
+        """The engine's config (raises ConfigError naming the knob for an impossible value)."""
+        return LearnerConfig(**{f: getattr(self, f) for f in LearnerConfig.model_fields})
+
+
+def _mask_config_class():
+    """``MaskConfig``: every field of the engine's LearnerConfig (type, description), with the
+    defaults of the pipeline's profile (``DATAMASK_PRESET``). Ranges are checked by the engine
+    when the step starts, so a bad value fails the step with the knob named."""
+    defaults = settings.learner_defaults()
+    fields = {name: (info.annotation, Field(default=defaults[name], description=info.description))
+              for name, info in LearnerConfig.model_fields.items()}
+    return create_model("MaskConfig", __base__=_MaskConfigBase,
+                        __doc__="The method's knobs (names follow upstream's train_mask.py flags).",
+                        **fields)
+
+
+MaskConfig = _mask_config_class()
 
 
 def scheduled_config_hash() -> str:
@@ -156,11 +104,10 @@ def curve_markdown(history: list, rows: int = CURVE_ROWS) -> str:
     return "\n".join(lines)
 
 
-def scores_markdown(levels: dict, algorithm: str, lamb: float) -> str:
-    lines = [f"| selection | f (λ={lamb:g}, {algorithm}) | f_qua | f_div |", "|---|---:|---:|---:|"]
-    for name, ev in levels.items():
-        lines.append(f"| {name} | {ev['f'][algorithm]:.6g} | {ev['f_qua']:.6g} | "
-                     f"{ev['f_div'][algorithm]:.6g} |")
+def scores_markdown(scores: dict, term: str, lamb: float) -> str:
+    lines = [f"| selection | f (λ={lamb:g}, {term}) | f_qua | f_div |", "|---|---:|---:|---:|"]
+    for name, sc in scores.items():
+        lines.append(f"| {name} | {sc.f:.6g} | {sc.f_qua:.6g} | {sc.f_div:.6g} |")
     return "\n".join(lines)
 
 
@@ -184,22 +131,20 @@ def _fail(key: str, exc: Exception, what: str) -> dg.Failure:
 def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataRoot,
          contract: DataContract, learner: MaskLearner) -> dg.MaterializeResult:
     """Per-sample DATAMASK selection of one shard: ``id``, ``logit`` (final), ``rank``
-    (0 = best) and ``selected`` (rank < k = round(select_ratio · n): the top k by logit, ties
-    by id, or the polished subset for solver paper+polish).
-    Metadata: objective curve, whole-shard f_qua / f_div / f of DATAMASK vs random vs quality
-    top-k, device, steps, wall time, config hash, memory estimate, the shard report."""
+    (0 = best; ``rank < k`` is the selection) and ``selected``, from the engine's
+    ``select_shard`` with the configured solver.
+    Metadata: solver and route, objective curve, whole-shard f_qua / f_div / f of the selection
+    vs random vs quality top-k, device, steps, timings, config hash, memory estimate, report."""
     import torch
 
-    from datamask_pipeline.engine.baselines import quality_topk, random_selection
-    from datamask_pipeline.engine.evaluate import evaluate_selection, make_ground_set
-    from datamask_pipeline.engine.learner import DeviceError, check_quality_scale
+    from datamask_pipeline.engine.device import DeviceError
+    from datamask_pipeline.engine.learner import check_quality_scale
     from datamask_pipeline.reporting.shard_report import build_shard_report, write_shard_report
 
     t0 = time.perf_counter()
     key = context.partition_key
     try:
         cfg = config.learner_config()
-        cfg.validate()
     except ConfigError as exc:
         raise _fail(key, exc, "invalid configuration") from exc
     feats_uri = data_root.features(key)
@@ -221,46 +166,45 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
     sizes = cfg.sizes(n)
     chash = cfg.config_hash()
     context.log.info(
-        f"partition {key}: n={n} d={d} k={sizes['k']} batch={sizes['batch']} k'={sizes['k_batch']} "
-        f"algorithm={cfg.algorithm} λ={cfg.lamb} steps={cfg.n_epochs} G={cfg.n_rollout} "
-        f"device={device} precision={learner.precision} config_hash={chash} "
+        f"partition {key}: n={n} d={d} k={sizes['k']} term={cfg.term_label} λ={cfg.lamb} "
+        f"solver={cfg.solver} device={device} precision={learner.precision} config_hash={chash} "
         f"memory estimate {estimate['total_bytes'] / 2**20:.1f} MiB of "
         f"{estimate['available_bytes'] / 2**30:.1f} GiB available"
     )
 
     ckpt = learner.checkpoint_path(key, data_root.checkpoint(key))
     try:
-        res = learner.learn(shard.embeddings, shard.quality, cfg, ids=shard.ids,
-                            checkpoint_path=ckpt, log=context.log.info)
+        sel = learner.select(shard, cfg, checkpoint_path=ckpt, log=context.log.info)
     except pickle.UnpicklingError as exc:  # an unsafe checkpoint: retrying cannot help
         raise _fail(key, exc, "cannot resume") from exc
-    if res.resumed_from is not None:
-        context.log.info(f"resumed from the checkpoint at step {res.resumed_from} ({ckpt})")
-    k = int(res.selected.sum())
+    except ConfigError as exc:
+        raise _fail(key, exc, "cannot run this configuration here") from exc
+    if sel.resumed_from is not None:
+        context.log.info(f"resumed from the checkpoint at step {sel.resumed_from} ({ckpt})")
+    for note in sel.notes + ([sel.guard] if sel.guard else []):
+        context.log.info(f"partition {key}: {note}")
+    k = sel.k
+    names = {"selection": "datamask", "quality_topk": "quality_topk", "random": "random",
+             "learner_readout": "learner_readout"}
+    scores = {names[name]: sc for name, sc in sel.scores.items()}
 
-    with learner.session():
-        # ---- whole-shard scores (V = all n rows) of DATAMASK and the reference selections
-        ground = make_ground_set(shard.embeddings, shard.quality, device=device)
-        topk_idx = quality_topk(shard.quality, k, shard.ids)
-        rand_idx = random_selection(n, k, seed=cfg.seed)
+    # ---- report (built before anything is published; single-term objectives)
+    report = None
+    if learner.shard_report and cfg.terms is None:
+        from datamask_pipeline.engine.baselines import quality_topk
 
-        def ev(sel):
-            return evaluate_selection(None, None, sel, lamb=cfg.lamb, terms=(cfg.algorithm,), ground=ground)
-
-        levels = {"datamask": ev(res.selected_idx), "quality_topk": ev(topk_idx), "random": ev(rand_idx)}
-        del ground
-        alg = cfg.algorithm
-
-        # ---- report (built before anything is published)
-        report = None
-        if learner.shard_report:
+        levels = {name: {"f": {cfg.algorithm: sc.f}, "f_qua": sc.f_qua,
+                         "f_div": {cfg.algorithm: sc.f_div}} for name, sc in scores.items()}
+        with learner.session():
             sources = read_sources(data_root.raw_shard(key), contract.source_column, n)
             report = build_shard_report(
-                torch.as_tensor(shard.embeddings), shard.quality, res.selected, res.history,
-                ids=shard.ids, sources=sources, lamb=cfg.lamb, algorithm=alg, reference=levels,
-                title=f"DATAMASK selection: partition {key}", topk=topk_idx, device=device,
-                extra={"partition": key, "config hash": chash, "device": res.device,
-                       "steps": res.steps, "learner wall time (s)": f"{res.wall_time_s:.2f}"},
+                torch.as_tensor(shard.embeddings), shard.quality, sel.selected, sel.history,
+                ids=shard.ids, sources=sources, lamb=cfg.lamb, algorithm=cfg.algorithm,
+                reference=levels, title=f"DATAMASK selection: partition {key}",
+                topk=quality_topk(shard.quality, k, shard.ids), device=device,
+                extra={"partition": key, "config hash": chash, "device": sel.device,
+                       "solver": f"{sel.solver} (ran {sel.route})", "steps": sel.steps,
+                       "solver wall time (s)": f"{sel.timings['total_s']:.2f}"},
             )
 
     # ---- publish: report files, then the mask parquet (each atomic)
@@ -270,9 +214,9 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
     mask_uri = data_root.mask(key)
     table = pa.table({
         ID: pa.array(shard.ids),
-        "logit": pa.array(res.logits, pa.float32()),
-        "rank": pa.array(res.rank, pa.int64()),
-        "selected": pa.array(res.selected, pa.bool_()),
+        "logit": pa.array(sel.logits, pa.float32()),
+        "rank": pa.array(sel.rank, pa.int64()),
+        "selected": pa.array(sel.selected, pa.bool_()),
     })
     storage.atomic_write_table(table, mask_uri, compression="zstd")
     digest = storage.sha256(mask_uri)
@@ -280,52 +224,68 @@ def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataR
     if report is None and storage.exists(data_root.report_dir(key)):
         storage.remove(data_root.report_dir(key), recursive=True)  # it described another run
 
-    f = {name: lv["f"][alg] for name, lv in levels.items()}
+    f = {name: sc.f for name, sc in scores.items()}
     context.log.info(
-        f"partition {key}: whole-shard f ({alg}, λ={cfg.lamb}): datamask {f['datamask']:.6g}, "
-        f"quality top-k {f['quality_topk']:.6g}, random {f['random']:.6g}; "
-        f"{res.steps} steps in {res.wall_time_s:.1f}s on {res.device}"
+        f"partition {key}: whole-shard f ({cfg.term_label}, λ={cfg.lamb}): selection "
+        f"{f['datamask']:.6g}, quality top-k {f['quality_topk']:.6g}, random {f['random']:.6g}; "
+        f"{sel.route} in {sel.timings['total_s']:.1f}s on {sel.device}"
     )
-    history = [{kk: (round(v, 8) if isinstance(v, float) else v) for kk, v in h.items()} for h in res.history]
-    metadata = {
+    metadata = mask_metadata(sel, cfg, scores, table, estimate, learner.precision)
+    metadata.update({
+        "embedding_dim": d,
+        "step_wall_time_s": float(time.perf_counter() - t0),
+        "mask_uri": dg.MetadataValue.path(str(mask_uri)),
+        "sha256": digest,
+    })
+    if report is not None:
+        metadata["report_html"] = dg.MetadataValue.path(str(report_files["html"]))
+        metadata["report"] = dg.MetadataValue.md(report.markdown)
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(digest))
+
+
+def mask_metadata(sel, cfg: LearnerConfig, scores: dict, table, estimate: dict,
+                  precision: str) -> dict:
+    """The ``mask`` materialization's metadata, built in one place from the Selection."""
+    n, k = int(sel.selected.size), sel.k
+    history = [{kk: (round(v, 8) if isinstance(v, float) else v) for kk, v in h.items()}
+               for h in sel.history]
+    md = {
         "dagster/row_count": n,
         "dagster/column_schema": dg.TableSchema(columns=[
             dg.TableColumn(ID, str(table.schema.field(ID).type), description="sample id"),
-            dg.TableColumn("logit", "float", description="final logit"),
-            dg.TableColumn("rank", "int64", description="rank by final logit (0 = best), ties by id"),
+            dg.TableColumn("logit", "float", description="final logit (quality-initialised when "
+                                                          "the solver runs no learning steps)"),
+            dg.TableColumn("rank", "int64", description="0 = best; the selection ranks first"),
             dg.TableColumn("selected", "bool", description=f"rank < k = {k}"),
         ]),
         "k_selected": k,
         "kept_fraction": float(k / n),
-        "embedding_dim": d,
-        "algorithm": alg,
+        "algorithm": cfg.term_label,
         "lamb": float(cfg.lamb),
-        "device": res.device,
-        "precision": learner.precision,
-        "steps": int(res.steps),
-        "resumed_from_step": int(res.resumed_from or 0),
-        "learner_wall_time_s": float(res.wall_time_s),
-        "step_wall_time_s": float(time.perf_counter() - t0),
-        "config_hash": chash,
+        "solver": cfg.solver,
+        "route": sel.route,
+        "guard": sel.guard or "",
+        "device": sel.device,
+        "precision": precision,
+        "steps": int(sel.steps),
+        "resumed_from_step": int(sel.resumed_from or 0),
+        "learner_wall_time_s": float(sel.timings.get("learn_s", 0.0)),
+        "solver_timings_s": dg.MetadataValue.json({kk: float(v) for kk, v in sel.timings.items()}),
+        "config_hash": sel.config_hash,
         "config": dg.MetadataValue.json(cfg.to_dict()),
         "memory_estimate_bytes": int(estimate["total_bytes"]),
         "memory_estimate": dg.MetadataValue.json(estimate),
-        "objective_curve": dg.MetadataValue.md(curve_markdown(res.history)),
+        "objective_curve": dg.MetadataValue.md(curve_markdown(sel.history)),
         "objective_history": dg.MetadataValue.json(history),
-        "whole_shard_scores": dg.MetadataValue.md(scores_markdown(levels, alg, cfg.lamb)),
-        "whole_shard_eval": dg.MetadataValue.json(levels),
-        "mask_uri": dg.MetadataValue.path(str(mask_uri)),
-        "sha256": digest,
+        "whole_shard_scores": dg.MetadataValue.md(scores_markdown(scores, cfg.term_label, cfg.lamb)),
+        "whole_shard_eval": dg.MetadataValue.json({kk: sc.as_dict() for kk, sc in scores.items()}),
     }
-    for name, lv in levels.items():
-        metadata[f"f_{name}"] = float(lv["f"][alg])
-        metadata[f"f_qua_{name}"] = float(lv["f_qua"])
-        metadata[f"f_div_{name}"] = float(lv["f_div"][alg])
-    if res.polish is not None:  # solver paper+polish: what the swap search changed
-        metadata["polish"] = dg.MetadataValue.json(json.loads(json.dumps(res.polish, default=float)))
-    if report is not None:
-        metadata["report_html"] = dg.MetadataValue.path(str(report_files["html"]))
-        metadata["report"] = dg.MetadataValue.md(report.markdown)
-    metadata["gain_f_over_quality_topk"] = float(f["datamask"] - f["quality_topk"])
-    metadata["gain_f_over_random"] = float(f["datamask"] - f["random"])
-    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(digest))
+    for name, sc in scores.items():
+        md[f"f_{name}"] = float(sc.f)
+        md[f"f_qua_{name}"] = float(sc.f_qua)
+        md[f"f_div_{name}"] = float(sc.f_div)
+    if sel.polish is not None:
+        md["polish"] = dg.MetadataValue.json(json.loads(json.dumps(sel.polish, default=float)))
+    md["gain_f_over_quality_topk"] = float(scores["datamask"].f - scores["quality_topk"].f)
+    md["gain_f_over_random"] = float(scores["datamask"].f - scores["random"].f)
+    return md

@@ -25,11 +25,11 @@ def _engine_cmd(raw: str, out: str, cfg: dict) -> list:
 
 
 def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout_s: int = 900,
-                      preset: str = "paper", threads: int | None = None, log=print) -> dict:
+                      preset: str = "upstream", threads: int | None = None, log=print) -> dict:
     repo = Path(__file__).resolve().parent.parent
     if not (repo / "datamask_pipeline" / "definitions.py").is_file():
         return {"skipped": "datamask_pipeline/definitions.py does not exist"}
-    from datamask_pipeline.engine.config import CPU_DEMO_PRESET, LearnerConfig
+    from datamask_pipeline import settings
     from datamask_pipeline.engine.sample import generate_corpus
 
     workdir = Path(workdir).resolve()
@@ -37,7 +37,7 @@ def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout
     raw_dir = root / "raw"
     uris = generate_corpus(str(raw_dir), n_shards=1, rows_per_shard=rows, dim=dim, seed=0)
     raw = uris[0]
-    cfg = LearnerConfig(**(CPU_DEMO_PRESET if preset == "cpu-demo" else {})).to_dict()
+    cfg = settings.learner_defaults(preset)  # the knobs the Dagster run gets, given to the CLI too
     env = {**os.environ, "DATAMASK_DATA_ROOT": str(root), "DAGSTER_HOME": str(workdir / "dagster_home"),
            "DATAMASK_PRESET": preset, "DATAMASK_DEVICE": "cpu",
            "DATAMASK_EMBEDDING_DIM": str(dim), "PYTHONPATH": str(repo)}
@@ -71,7 +71,7 @@ def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout
                 if m:
                     shard_s.append(float(m.group(1)))
             else:
-                m = re.search(r'"learn_time_s":\s*([0-9.]+)', p.stdout)
+                m = re.search(r'"learn_s":\s*([0-9.]+)', p.stdout)
                 if m:
                     learn_s.append(float(m.group(1)))
             log(f"  pipeline {name} rep {rep}: {wall:.1f}s")

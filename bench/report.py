@@ -260,9 +260,8 @@ def render(res: dict) -> str:
     d = res.get("defaults")
     if d:
         a("## Default solver per term\n")
-        a("Recommended (engine.config.RECOMMENDED_SOLVER), with the numbers of this run behind it; "
-          "`LearnerConfig.solver` (what the CLI and the pipeline use unless told otherwise) is shown "
-          "in brackets.\n")
+        a("The pipeline's default is `solver=auto`; what it picks per term and n comes from "
+          "`python -m bench.solvers --write-table` (engine/solver_table.json, README \"Solvers\").\n")
         for term, v in d.items():
             a(f"- **{term}**: `{v['solver']}` [engine default `{v.get('engine_default', '?')}`] — {v['why']}")
         a("")

@@ -41,7 +41,7 @@ MODES = {
                  reps=1, reps_small=3,
                  greedy_max_n={"DiSF": 20000, "Facility": 20000, "Pair_simi": 100000},
                  polish_budget_s=150.0, term_norm_n=10000, kernel_n=100000, share_steps=150,
-                 pipeline=True, pipeline_rows=5000, pipeline_dim=768, pipeline_preset="paper",
+                 pipeline=True, pipeline_rows=5000, pipeline_dim=768, pipeline_preset="upstream",
                  ablation_max_n=20000),
 }
 
@@ -174,36 +174,18 @@ def _warmup(opts, dev) -> None:
 
 
 def _defaults(res: dict) -> dict:
-    """The engine's default solver per term, with the numbers of this run that bear on it."""
-    from datamask_pipeline.engine.config import RECOMMENDED_SOLVER, LearnerConfig
+    """What ``solver=auto`` (the pipeline's default) picks per term, from the table that
+    ``python -m bench.solvers --write-table`` measured (engine/solver_table.json)."""
+    from datamask_pipeline.engine import solver_table
+    from datamask_pipeline.engine.config import profile_defaults
 
+    rules = solver_table.load().get("rules", {}).get("cpu", {})
     out = {}
-    cells = res.get("time_to_greedy", {}).get("cells", [])
     for term in TERMS:
-        cs = [c for c in cells if c["term"] == term]
-        solver = RECOMMENDED_SOLVER.get(term, LearnerConfig(algorithm=term).solver)
-        if not cs:
-            out[term] = {"solver": solver, "why": "no cells measured in this run"}
-            continue
-        pf = [c["paper"]["final_f"] for c in cs]
-        ppf = [c["paper+polish"]["f"] for c in cs]
-        gain = [(b - a) / abs(a) for a, b in zip(pf, ppf)]
-        pol_s = [c["paper+polish"]["polish_s"] for c in cs]
-        lrn_s = [c["paper"]["learner_s"] for c in cs]
-        fr = [c["paper+polish"]["fraction"] for c in cs if c["paper+polish"]["fraction"] is not None]
-        fr0 = [c["paper"]["final_fraction"] for c in cs if c["paper"]["final_fraction"] is not None]
-        tp = [c["topk+polish"]["f"] - c["paper+polish"]["f"] for c in cs if c.get("topk+polish")]
-        why = (f"over n = {', '.join(str(c['n']) for c in cs)}: the polish raised the plain read-out's "
-               f"whole-shard f by {min(gain):+.3%} to {max(gain):+.3%} for {min(pol_s):.2g}–{max(pol_s):.2g} s "
-               f"on top of {min(lrn_s):.2g}–{max(lrn_s):.2g} s of learning")
-        if fr:
-            why += (f"; paper+polish reached {min(fr):.3%}–{max(fr):.3%} of greedy's f where greedy ran "
-                    f"(paper alone {min(fr0):.3%}–{max(fr0):.3%})")
-        if tp:
-            why += (f"; polishing quality top-k directly ended {min(tp):+.2e} to {max(tp):+.2e} in f "
-                    "relative to paper+polish")
-        out[term] = {"solver": solver, "engine_default": LearnerConfig(algorithm=term).solver,
-                     "why": why + "."}
+        rows = rules.get(term, [])
+        picks = "; ".join(f"n ≤ {r['max_n']:,}: `{r['solver']}` ({r['why']})" for r in rows)
+        out[term] = {"solver": "auto", "engine_default": profile_defaults("pipeline")["solver"],
+                     "why": picks or f"not measured: {solver_table.FALLBACK}"}
     return out
 
 

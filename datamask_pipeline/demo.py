@@ -1,6 +1,6 @@
 """End-to-end demo: sample corpus -> partitions -> every shard through Dagster -> catalog.
 
-    python -m datamask_pipeline.demo [--shards 4] [--rows 5000] [--dim 768] [--preset cpu-demo]
+    python -m datamask_pipeline.demo [--shards 4] [--rows 5000] [--dim 768] [--preset pipeline]
 
 1. Generates the sample corpus (``engine.sample.generate_corpus``: topic clusters of different
    tightness, quality correlated with the cluster, ids, text, source) into the raw location,
@@ -11,16 +11,17 @@
    for every shard, then ``corpus_summary_job``, through Dagster's in-process executor with the
    definitions' own resources, and prints where the selected parquet files are and a summary.
 
-Defaults: the ``cpu-demo`` preset (engine.config.CPU_DEMO_PRESET) on ``--device cpu`` with one
-torch thread; the default corpus (4 x 5,000 rows, 768-d) takes a few minutes on two CPU cores,
-shard reports included. ``--preset paper --device auto --cpu-threads 0`` runs the paper's GPU
-settings. Exit code 1 when a shard failed (its reason is printed).
+Defaults: the ``pipeline`` preset (solver ``auto``, the measured best route) on ``--device cpu``
+with one torch thread, shard reports included. ``--preset upstream --device auto --cpu-threads 0``
+runs the paper's learner with upstream's GPU settings. Exit code 1 when a shard failed (its reason is printed).
 """
 
 import argparse
 import os
 import sys
 import time
+
+from datamask_pipeline import settings
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,8 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=int, default=5000, help="rows per shard (default 5000)")
     p.add_argument("--dim", type=int, default=768, help="embedding dimension (default 768)")
     p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
-    p.add_argument("--preset", default="cpu-demo", choices=("cpu-demo", "paper"),
-                   help="default method knobs (default cpu-demo)")
+    p.add_argument("--preset", default="pipeline", choices=settings.PRESETS,
+                   help="default method knobs (default pipeline: the measured best solver; "
+                        "upstream: the paper's learner with upstream's settings; cpu-demo: "
+                        "pipeline with CPU-sized learner knobs)")
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda:N (default cpu)")
     p.add_argument("--cpu-threads", type=int, default=1,
                    help="torch CPU threads of the mask step (default 1: the demo's small "

@@ -8,8 +8,10 @@ Every default is a local path under the repository, so a newcomer needs no confi
                             ``<data root>/raw``
 ``DAGSTER_HOME``            Dagster instance directory; default ``<repo>/.dagster_home``
                             (our commands create it and copy ``dagster.yaml`` into it)
-``DATAMASK_PRESET``         default method knobs: ``paper`` (default, the paper's GPU
-                            settings) or ``cpu-demo`` (engine.config.CPU_DEMO_PRESET)
+``DATAMASK_PRESET``         default method knobs: ``pipeline`` (default: the measured best
+                            solver), ``upstream`` (upstream's exact behaviour; the old name
+                            ``paper`` still works, with a DeprecationWarning) or ``cpu-demo``
+                            (``pipeline`` with engine.config.CPU_DEMO_PRESET)
 ``DATAMASK_DEVICE``         ``auto`` (default), ``cpu`` or ``cuda:N``
 ``DATAMASK_PRECISION``      ``fp32`` (default), ``tf32`` or ``bf16``
 ``DATAMASK_CPU_THREADS``    torch CPU threads of the mask step (default: torch's choice)
@@ -49,7 +51,7 @@ ENV_EMBEDDING_COLUMN = "DATAMASK_EMBEDDING_COLUMN"
 ENV_SCHEDULE_CRON = "DATAMASK_SCHEDULE_CRON"
 ENV_SENSOR_INTERVAL = "DATAMASK_SENSOR_INTERVAL_S"
 
-PRESETS = ("paper", "cpu-demo")
+PRESETS = ("pipeline", "upstream", "cpu-demo")
 DEFAULT_CRON = "0 3 * * *"
 
 
@@ -120,21 +122,26 @@ def env_list(name: str) -> list[str] | None:
 
 
 def preset() -> str:
-    p = (os.environ.get(ENV_PRESET) or "paper").strip().lower()
-    if p not in PRESETS:
+    p = (os.environ.get(ENV_PRESET) or "pipeline").strip().lower()
+    if p not in PRESETS and p not in _deprecated_presets():
         raise ValueError(f"environment variable {ENV_PRESET}={p!r}: choose one of {PRESETS}")
     return p
 
 
-def learner_defaults(preset_name: str | None = None) -> dict:
-    """The method knobs' defaults: LearnerConfig's (the paper's GPU settings), with
-    ``CPU_DEMO_PRESET`` applied for the ``cpu-demo`` preset."""
-    from .engine.config import CPU_DEMO_PRESET, LearnerConfig
+def _deprecated_presets() -> dict:
+    from .engine.config import DEPRECATED_PROFILES
 
-    name = preset_name or preset()
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}: choose one of {PRESETS}")
-    d = LearnerConfig().to_dict()
+    return DEPRECATED_PROFILES
+
+
+def learner_defaults(preset_name: str | None = None) -> dict:
+    """The method knobs' defaults of a preset: an engine profile (``pipeline``, ``upstream``;
+    deprecated names warn), or ``cpu-demo`` = ``pipeline`` with ``CPU_DEMO_PRESET``."""
+    from .engine.config import CPU_DEMO_PRESET, profile_defaults
+
+    name = (preset_name or preset()).strip().lower()
     if name == "cpu-demo":
-        d.update(CPU_DEMO_PRESET)
-    return d
+        return {**profile_defaults("pipeline"), **CPU_DEMO_PRESET}
+    if name not in PRESETS and name not in _deprecated_presets():
+        raise ValueError(f"unknown preset {name!r}: choose one of {PRESETS}")
+    return profile_defaults(name)

@@ -71,7 +71,7 @@ class MaskLearner(dg.ConfigurableResource):
 
     # ------------------------------------------------------------------ pieces
     def torch_device(self):
-        from datamask_pipeline.engine.learner import resolve_device
+        from datamask_pipeline.engine.device import resolve_device
 
         return resolve_device(self.device)
 
@@ -115,27 +115,32 @@ class MaskLearner(dg.ConfigurableResource):
                 torch.set_num_threads(old_threads)
 
     def estimate(self, n: int, d: int, cfg) -> dict:
-        """The engine's pre-flight memory estimate on this device and precision (raises
-        ConfigError when the run cannot fit)."""
+        """The engine's pre-flight memory estimate for the route ``cfg`` takes on this device
+        and precision (raises ConfigError when the run cannot fit)."""
         import torch
 
+        from datamask_pipeline.engine.config import LEARNING_SOLVERS
         from datamask_pipeline.engine.learner import estimate_memory
+        from datamask_pipeline.engine.select import route_for
 
         dtype = self.dtype()
-        return estimate_memory(n, d, cfg, self.torch_device(), itemsize=torch.finfo(dtype).bits // 8)
+        device = self.torch_device()
+        route, _ = route_for(cfg, n, device)
+        return estimate_memory(n, d, cfg, device, itemsize=torch.finfo(dtype).bits // 8,
+                               learning=route in LEARNING_SOLVERS)
 
-    def learn(self, x, q, cfg, *, ids=None, checkpoint_path: str | None = None,
-              log: Callable[[str], None] | None = None):
-        """Run ``engine.learner.learn`` and return its LearnResult. Progress lines go to
-        ``log`` at most every ``log_interval_s`` seconds (plus the first and the last)."""
-        from datamask_pipeline.engine.learner import learn
+    def select(self, shard, cfg, *, checkpoint_path: str | None = None,
+               log: Callable[[str], None] | None = None):
+        """Run the engine's ``select_shard`` on this resource's device and precision and return
+        its Selection. Progress lines go to ``log`` at most every ``log_interval_s`` seconds
+        (plus the first and the last)."""
+        from datamask_pipeline.engine.select import select_shard
 
         dtype = self.dtype()
         reporter = ProgressLog(log, self.log_interval_s) if log is not None else None
         with self.session() as device:
-            return learn(
-                x, q, cfg, ids=ids, device=device, dtype=dtype,
-                checkpoint_path=checkpoint_path,
+            return select_shard(
+                shard, cfg, device=device, dtype=dtype, checkpoint_path=checkpoint_path,
                 checkpoint_every=self.checkpoint_every if checkpoint_path else 0,
                 progress=reporter, progress_every=self.progress_every or None,
             )

@@ -15,35 +15,63 @@ import json
 import sys
 import time
 
-from .config import INITS, SOLVERS, TERM_NORMS, ConfigError, LearnerConfig
+import typing
+
+from .config import ConfigError, LearnerConfig, knob_flags, profile_defaults
+
+
+def parse_terms(spec: str) -> dict:
+    """``"DiSF=0.5,Pair_simi=1"`` -> {"DiSF": 0.5, "Pair_simi": 1.0}."""
+    out = {}
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        name, sep, w = part.partition("=")
+        try:
+            out[name.strip()] = float(w) if sep else 1.0
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"--terms: {part!r} is not NAME=WEIGHT (e.g. DiSF=0.5,Pair_simi=1)") from None
+    return out
+
+
+def _knob_argument(group, name: str, info, default) -> None:
+    """One flag per knob, derived from LearnerConfig's field (type, choices, description)."""
+    ann = info.annotation
+    args = typing.get_args(ann)
+    kw: dict = {"default": default, "dest": name, "help": f"{info.description} (default {default})"}
+    if typing.get_origin(ann) is typing.Literal:
+        kw["choices"] = args
+    elif name == "terms":
+        kw["type"] = parse_terms
+    else:
+        base = next((a for a in args if a is not type(None)), ann) if args else ann
+        kw["type"] = base
+    group.add_argument(*knob_flags(name), **kw)
+
+
+def add_knob_arguments(group, exclude=()) -> None:
+    """A flag per LearnerConfig knob; a knob not given stays unset (the profile decides)."""
+    for name, info in LearnerConfig.model_fields.items():
+        if name not in exclude:
+            _knob_argument(group, name, info, argparse.SUPPRESS)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="train_mask",
-        description="DATAMASK: select a high-quality, diverse subset of a parquet shard.",
+        description="DATAMASK: select a high-quality, diverse subset of a parquet shard. "
+                    "Method knobs default to the 'upstream' profile (upstream's train_mask.py); "
+                    "--profile pipeline gives the Dagster pipeline's defaults.",
     )
-    up = p.add_argument_group("upstream flags")
+    up = p.add_argument_group("input and output")
     up.add_argument("--input", required=True, help="input parquet shard (path or URI)")
     up.add_argument("--output", required=True, help="output parquet of the selected rows")
     up.add_argument("--device", default="auto", help="auto | cpu | cuda:N (default auto)")
-    up.add_argument("--n_epochs", type=int, default=5000, help="update steps")
-    up.add_argument("--algorithm", default="DiSF", help="DiSF | Facility | Pair_simi")
-    up.add_argument("--partial", type=float, default=0.1, help="batch fraction per step")
-    up.add_argument("--max_lr", type=float, default=10.0)
-    up.add_argument("--min_lr", type=float, default=1.0)
-    up.add_argument("--n_rollout", type=int, default=128, help="rollouts G per step")
-    up.add_argument("--select_ratio", type=float, default=0.1, help="fraction to keep")
-    up.add_argument("--init", default="quality", choices=INITS)
-    up.add_argument("--lamb", type=float, default=0.5, help="weight of quality (lambda)")
-    ex = p.add_argument_group("extensions")
-    ex.add_argument("--seed", type=int, default=0)
-    ex.add_argument("--term_norm", "--term-norm", default="none", choices=TERM_NORMS)
-    ex.add_argument("--solver", default=LearnerConfig.solver, choices=SOLVERS,
-                    help="paper: the learner alone; paper+polish: then a swap local search "
-                         "on the whole-shard objective (never lowers f)")
-    ex.add_argument("--prune_ratio", "--prune-ratio", type=float, default=0.0,
-                    help="drop this bottom fraction by quality before learning")
+    knobs = p.add_argument_group("method knobs (engine.config.LearnerConfig)")
+    knobs.add_argument("--profile", default="upstream",
+                       help="defaults of every knob: upstream (default) or pipeline; explicit "
+                            "flags override it")
+    add_knob_arguments(knobs)
+    ex = p.add_argument_group("data and run")
     ex.add_argument("--id-column", default="chunk_id")
     ex.add_argument("--quality-column", action="append", default=None,
                     help="quality column (repeat to sum several; default quality_score)")
@@ -57,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--quality-max", type=float, default=None,
                     help="declared upper bound of every quality column (inclusive)")
     ex.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
+    ex.add_argument("--threads", type=int, default=0,
+                    help="torch CPU threads (0: torch's default)")
     ex.add_argument("--checkpoint", default=None, help="checkpoint file (resumed if it matches)")
     ex.add_argument("--checkpoint-every", type=int, default=100)
     ex.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
@@ -68,28 +98,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class ProgressBar:
-    """A one-line progress bar on stderr (plain log lines when stderr is not a terminal)."""
+def config_from_args(args) -> LearnerConfig:
+    """The knobs given on the command line over the chosen profile's defaults."""
+    given = {f: getattr(args, f) for f in LearnerConfig.model_fields if hasattr(args, f)}
+    return LearnerConfig(**{**profile_defaults(args.profile), **given})
 
-    def __init__(self, stream=None, width: int = 28):
+
+class ProgressBar:
+    """The learner's progress as a tqdm bar on stderr, with the objective as its postfix."""
+
+    def __init__(self, stream=None):
         self.stream = stream or sys.stderr
-        self.width = width
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.bar = None
 
     def __call__(self, p) -> None:
-        frac = p.step / max(1, p.n_steps)
-        fill = int(round(frac * self.width))
-        bar = "#" * fill + "-" * (self.width - fill)
-        line = (
-            f"[{bar}] {p.step}/{p.n_steps} lr={p.lr:.3g} f_mean={p.mean_f:.5g} "
-            f"f_best={p.best_f:.5g} qua={p.mean_f_qua:.4g} div={p.mean_f_div:.4g} "
-            f"elapsed={p.elapsed_s:.1f}s eta={p.eta_s:.1f}s"
-        )
-        if self.tty:
-            self.stream.write("\r" + line + ("\n" if p.step >= p.n_steps else ""))
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=p.n_steps, file=self.stream, desc="train_mask", unit="step",
+                            mininterval=1.0, dynamic_ncols=True)
+        self.bar.set_postfix_str(
+            f"lr={p.lr:.3g} f_mean={p.mean_f:.5g} f_best={p.best_f:.5g} "
+            f"qua={p.mean_f_qua:.4g} div={p.mean_f_div:.4g} eta={p.eta_s:.1f}s", refresh=False)
+        self.bar.update(p.step - self.bar.n)
+        if p.step >= p.n_steps:
+            self.bar.close()
 
 
 def run(args) -> dict:
@@ -97,20 +130,15 @@ def run(args) -> dict:
     import torch
 
     from . import storage
-    from .baselines import quality_topk, random_selection
     from .data import Columns, read_shard
-    from .evaluate import evaluate_selection
-    from .learner import learn, resolve_device
+    from .device import resolve_device
+    from .select import select_shard
 
     t0 = time.perf_counter()
-    cfg = LearnerConfig(
-        algorithm=args.algorithm, lamb=args.lamb, select_ratio=args.select_ratio,
-        n_epochs=args.n_epochs, n_rollout=args.n_rollout, partial=args.partial,
-        max_lr=args.max_lr, min_lr=args.min_lr, init=args.init, prune_ratio=args.prune_ratio,
-        term_norm=args.term_norm, seed=args.seed, solver=args.solver,
-    )
-    cfg.validate()
+    cfg = config_from_args(args)
     device = resolve_device(args.device)
+    if args.threads and args.threads > 0:
+        torch.set_num_threads(args.threads)
     qcols = tuple(args.quality_column or ["quality_score"])
     weights = None
     if args.quality_weights:
@@ -135,50 +163,45 @@ def run(args) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
     if args.checkpoint and args.no_resume:
         storage.remove(args.checkpoint)
-    res = learn(
-        shard.embeddings, shard.quality, cfg, ids=shard.ids, device=device, dtype=dtype,
-        checkpoint_path=args.checkpoint, checkpoint_every=args.checkpoint_every if args.checkpoint else 0,
+    sel = select_shard(
+        shard, cfg, device=device, dtype=dtype, checkpoint_path=args.checkpoint,
+        checkpoint_every=args.checkpoint_every if args.checkpoint else 0,
         progress=None if args.no_progress else ProgressBar(), progress_every=args.progress_every,
     )
-    sel_ids = shard.ids[res.selected]
-    written = storage.write_selected_rows(args.input, args.output, sel_ids, columns.id)
+    written = storage.write_selected_rows(args.input, args.output, shard.ids[sel.selected],
+                                          columns.id)
     if args.masks_output:
         storage.atomic_write_table(
             pa.table({
                 columns.id: pa.array(shard.ids),
-                "logit": pa.array(res.logits),
-                "rank": pa.array(res.rank),
-                "selected": pa.array(res.selected),
+                "logit": pa.array(sel.logits),
+                "rank": pa.array(sel.rank),
+                "selected": pa.array(sel.selected),
             }),
             args.masks_output,
         )
-    k = int(res.selected.sum())
-    ev = lambda sel: evaluate_selection(shard.embeddings, shard.quality, sel, lamb=cfg.lamb,
-                                        terms=(cfg.algorithm,), device=device)
-    summary = {
+    return {
         "input": args.input,
         "output": args.output,
         "n": shard.n,
         "d": shard.d,
-        "k": k,
+        "k": sel.k,
         "rows_written": written["rows"],
-        "algorithm": cfg.algorithm,
-        "device": res.device,
-        "steps": res.steps,
-        "resumed_from": res.resumed_from,
-        "learn_time_s": round(res.wall_time_s, 3),
-        "polish": res.polish,
-        "total_time_s": None,
+        "term": sel.term,
+        "solver": sel.solver,
+        "route": sel.route,
+        "guard": sel.guard,
+        "notes": sel.notes,
+        "device": sel.device,
+        "steps": sel.steps,
+        "resumed_from": sel.resumed_from,
+        "timings_s": {k: round(v, 3) for k, v in sel.timings.items()},
+        "polish": sel.polish,
         "config": cfg.to_dict(),
-        "config_hash": res.config_hash,
-        "objective": {
-            "datamask": ev(res.selected_idx),
-            "quality_topk": ev(quality_topk(shard.quality, k, shard.ids)),
-            "random": ev(random_selection(shard.n, k, seed=cfg.seed)),
-        },
+        "config_hash": sel.config_hash,
+        "objective": {"lamb": cfg.lamb, **{name: s.as_dict() for name, s in sel.scores.items()}},
+        "total_time_s": round(time.perf_counter() - t0, 3),
     }
-    summary["total_time_s"] = round(time.perf_counter() - t0, 3)
-    return summary
 
 
 def main(argv=None) -> int:
@@ -186,7 +209,7 @@ def main(argv=None) -> int:
     import pickle
 
     from .data import DataContractError
-    from .learner import DeviceError
+    from .device import DeviceError
     from .storage import StorageError
 
     try:

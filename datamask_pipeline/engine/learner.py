@@ -1,4 +1,4 @@
-"""Policy-gradient mask learning (method.md sections 3-5).
+"""Policy-gradient mask learning (docs/method.md#learner).
 
 One logit per sample. Each step draws a fresh random batch B of ``partial * pool`` samples,
 samples G exact-k' masks from softmax(L_B) with the Gumbel-top-k trick, scores every mask with
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import pickle
 import time
 from dataclasses import dataclass, field
@@ -24,39 +23,11 @@ import numpy as np
 import torch
 
 from .config import ConfigError, LearnerConfig
+from .device import DeviceError, device_memory, resolve_device  # noqa: F401 (re-exported)
+from .ranking import id_rank as _id_rank, quality_pool, readout  # noqa: F401
 from .objectives import Batch, default_mem_budget, score, tensor_of
 
 CHECKPOINT_FORMAT = 1
-
-
-class DeviceError(ValueError):
-    """The requested device does not exist on this machine."""
-
-
-def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
-    """``auto`` -> CUDA when present, else CPU; ``cuda:N`` must exist; ``cpu`` always works."""
-    if isinstance(spec, torch.device):
-        spec = str(spec)
-    spec = (spec or "auto").strip().lower()
-    if spec == "auto":
-        return torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
-    if spec == "cpu":
-        return torch.device("cpu")
-    if spec.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise DeviceError(
-                f"device {spec!r} requested but CUDA is not available on this machine "
-                f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}); "
-                "use --device cpu or --device auto"
-            )
-        dev = torch.device(spec if ":" in spec else "cuda:0")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise DeviceError(
-                f"device {spec!r} requested but only {torch.cuda.device_count()} CUDA "
-                "device(s) are visible"
-            )
-        return dev
-    raise DeviceError(f"unknown device {spec!r}: use auto, cpu or cuda:N")
 
 
 @dataclass
@@ -87,7 +58,6 @@ class LearnResult:
     resumed_from: int | None = None
     config_hash: str = ""
     sizes: dict = field(default_factory=dict)
-    polish: dict | None = None  # solver "paper+polish": what the polish did
 
     @property
     def selected_idx(self) -> np.ndarray:
@@ -95,40 +65,37 @@ class LearnResult:
 
 
 # ---------------------------------------------------------------- helpers
-def device_memory(device: torch.device) -> int:
-    """Bytes the device can still give us."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free)
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError):  # pragma: no cover - non-POSIX
-        return 1 << 40
-
-
 def estimate_memory(
     n: int, d: int, cfg: LearnerConfig, device: torch.device | str = "cpu",
-    itemsize: int = 4, mem_budget: int | None = None,
+    itemsize: int = 4, mem_budget: int | None = None, learning: bool = True,
 ) -> dict:
     """Pre-flight estimate of peak bytes for a run; raises ConfigError when it cannot fit.
 
-    Counts the resident embeddings and quality, the logits, one batch copy, the (G, m) Gumbel
-    keys and the (G, k') masks, and the objective's working memory (bounded by mem_budget).
+    With ``learning`` (the learner runs): the resident embeddings and quality, the logits, one
+    batch copy, the (G, m) Gumbel keys and the (G, k') masks, and the objective's working
+    memory (bounded by mem_budget). Without: the embeddings, the whole-shard working copy the
+    terms keep (unit rows or DiSF's frame) and the bounded working memory of greedy / polish.
     """
     device = resolve_device(device)
-    sz = cfg.sizes(n)
-    m, kb, G = sz["batch"], sz["k_batch"], cfg.n_rollout
     budget = mem_budget or default_mem_budget(device)
-    parts = {
-        "embeddings": n * d * itemsize,
-        "logits": 2 * n * 4,
-        "batch_copy": 2 * m * d * itemsize,
-        "gumbel_keys": 2 * G * m * 4,
-        "masks": G * kb * 8 * 2,
-        "objective_workspace": budget,
-    }
-    if cfg.algorithm == "Facility" and m * m * itemsize * 2 <= budget:
-        parts["similarity_matrix"] = m * m * itemsize
+    if learning:
+        sz = cfg.sizes(n, learning=True)
+        m, kb, G = sz["batch"], sz["k_batch"], cfg.n_rollout
+        parts = {
+            "embeddings": n * d * itemsize,
+            "logits": 2 * n * 4,
+            "batch_copy": 2 * m * d * 4,
+            "gumbel_keys": 2 * G * m * 4,
+            "masks": G * kb * 8 * 2,
+            "objective_workspace": cfg.diversity_term().workspace_bytes(m, kb, d, 4, budget),
+        }
+    else:
+        k = cfg.sizes(n, learning=False)["k"]
+        parts = {
+            "embeddings": n * d * itemsize,
+            "logits": 2 * n * 4,
+            "objective_workspace": cfg.diversity_term().workspace_bytes(n, k, d, 4, budget),
+        }
     total = int(sum(parts.values()))
     avail = device_memory(device)
     out = {"total_bytes": total, "available_bytes": avail, "parts": parts}
@@ -140,7 +107,6 @@ def estimate_memory(
             "batch_copy": "partial",
             "masks": "n_rollout or partial",
             "objective_workspace": "the objective memory budget (mem_budget)",
-            "similarity_matrix": "partial",
             "logits": "shard size",
         }[biggest]
         raise ConfigError(
@@ -177,35 +143,6 @@ def initial_logits(q: torch.Tensor, init: str) -> torch.Tensor:
     span = (qmax - qmin).clamp(min=1e-12)
     qt = (q - qmin) / span + 1e-3
     return qt.log().to(torch.float32)
-
-
-def _id_rank(ids, n: int) -> np.ndarray:
-    if ids is None:
-        return np.arange(n)
-    ids = np.asarray(ids)
-    order = np.argsort(ids, kind="stable")
-    r = np.empty(n, dtype=np.int64)
-    r[order] = np.arange(n)
-    return r
-
-
-def readout(logits: np.ndarray, k: int, ids=None) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k by logit, ties by id ascending. Returns (selected bool, rank)."""
-    n = logits.shape[0]
-    order = np.lexsort((_id_rank(ids, n), -logits.astype(np.float64)))
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
-    return rank < k, rank
-
-
-def quality_pool(q: np.ndarray, prune_ratio: float, ids=None) -> np.ndarray:
-    """Indices kept after dropping the bottom prune_ratio by quality (sorted)."""
-    n = q.shape[0]
-    drop = int(prune_ratio * n)
-    if drop == 0:
-        return np.arange(n)
-    order = np.lexsort((_id_rank(ids, n), -q.astype(np.float64)))
-    return np.sort(order[: n - drop])
 
 
 def _fingerprint(x: torch.Tensor, q: torch.Tensor) -> str:
@@ -265,6 +202,39 @@ def sample_masks(logits_b: torch.Tensor, G: int, k: int, gen: torch.Generator) -
     return keys.topk(k, dim=1, sorted=False).indices
 
 
+def advantages(f: torch.Tensor) -> torch.Tensor | None:
+    """Group-normalised advantages (f - mean) / (std + 1e-8) over the G rollouts, or None when
+    every rollout ties (nothing to learn from: the step is skipped)."""
+    std = f.std(unbiased=False)
+    if not float(std) > 1e-12 * max(1.0, float(f.abs().max())):
+        return None
+    return (f - f.mean()) / (std + 1e-8)
+
+
+def policy_step(logits: torch.Tensor, B: torch.Tensor, idx: torch.Tensor, f: torch.Tensor,
+                lr: float) -> bool:
+    """One policy-gradient update in place (docs/method.md#learner):
+
+        L_B <- L_B + (lr / G) * A^T M,   M in {0, 1}^(G x |B|), A = advantages(f)
+
+    ``B``: the batch's row indices into ``logits``; ``idx`` (G, k'): each mask's positions in
+    B. Only the batch's logits move. Returns False when the rollouts tie (no update). On CPU the
+    sum is a scatter-add in a fixed order; on CUDA, where ``index_add_`` accumulates with
+    atomics in arbitrary order, it is the product A^T M of a dense (G, |B|) mask, so that the
+    same seed gives the same logits on the same device."""
+    adv = advantages(f)
+    if adv is None:
+        return False
+    G, kb = idx.shape
+    w = adv * (lr / G)
+    if logits.device.type == "cuda":
+        M = torch.zeros((G, B.numel()), dtype=w.dtype, device=w.device).scatter_(1, idx, 1.0)
+        logits.index_copy_(0, B, logits.index_select(0, B) + w @ M)
+    else:
+        logits.index_add_(0, B[idx.reshape(-1)], w.repeat_interleave(kb))
+    return True
+
+
 # ------------------------------------------------------------------ learner
 def learn(
     x,
@@ -299,16 +269,18 @@ def learn(
     if x.ndim != 2 or q.ndim != 1 or x.shape[0] != q.shape[0]:
         raise ValueError(f"x must be (n, d) and q (n,), got {tuple(x.shape)} and {tuple(q.shape)}")
     n, d = x.shape
-    cfg.validate(n)
-    sz = cfg.sizes(n)
+    sz = cfg.sizes(n, learning=True)
     check_quality_scale(q, dtype)
     estimate_memory(n, d, cfg, dev, itemsize=torch.finfo(dtype).bits // 8, mem_budget=mem_budget)
     k, m, kb, G, T = sz["k"], sz["batch"], sz["k_batch"], cfg.n_rollout, cfg.n_epochs
     every = progress_every or max(1, T // 100)
 
+    # Embeddings are stored at ``dtype`` (bf16 halves their memory); every batch is scored in
+    # float32 (tests/engine/test_precision.py bounds bf16's error against fp32).
     x = x.to(device=dev, dtype=dtype)
     q_np = q.double().numpy() if q.device.type == "cpu" else q.double().cpu().numpy()
-    q = q.to(device=dev, dtype=dtype)
+    q = q.to(device=dev, dtype=torch.float32)
+    term = cfg.diversity_term()
     pool = torch.as_tensor(quality_pool(q_np, cfg.prune_ratio, ids), device=dev)
     P = pool.numel()
 
@@ -376,14 +348,11 @@ def learn(
             B = pool[torch.randperm(P, generator=gen, device=dev)[:m]]
         else:
             B = pool
-        batch = Batch(x.index_select(0, B), q.index_select(0, B), mem_budget=mem_budget)
+        batch = Batch(x.index_select(0, B).float(), q.index_select(0, B), mem_budget=mem_budget)
         idx = sample_masks(logits.index_select(0, B), G, kb, gen)
-        f, fq, fd = score(batch, idx, cfg.algorithm, cfg.lamb, cfg.term_norm)
+        f, fq, fd = score(batch, idx, term, cfg.lamb, cfg.term_norm, chunk=cfg.rollout_chunk)
         f = f.float()
-        std = f.std(unbiased=False)
-        if float(std) > 1e-12 * max(1.0, float(f.abs().max())):
-            adv = (f - f.mean()) / (std + 1e-8)
-            logits.index_add_(0, B[idx.reshape(-1)], (adv * (lr / G)).repeat_interleave(kb))
+        policy_step(logits, B, idx, f, lr)
         done = step + 1
         if done % every == 0 or done == end_step:
             elapsed = prior_elapsed + (time.perf_counter() - run_start - eval_time)
@@ -410,14 +379,8 @@ def learn(
 
     logits_np = logits.cpu().numpy().astype(np.float32)
     selected, rank = readout(logits_np, k, ids)
-    polish_info = None
-    if cfg.solver == "paper+polish" and end_step == T:
-        from .polish import polish_readout
-
-        selected, rank, polish_info = polish_readout(
-            x, q, logits_np, selected, cfg, ids=ids, device=dev, mem_budget=mem_budget)
     return LearnResult(
         selected=selected, logits=logits_np, rank=rank, history=history, steps=steps_done,
         wall_time_s=time.perf_counter() - t_start, device=str(dev), resumed_from=resumed_from,
-        config_hash=chash, sizes=sz, polish=polish_info,
+        config_hash=chash, sizes=sz,
     )

@@ -1,6 +1,6 @@
 """A realistic synthetic corpus in the shard format of :mod:`data` (vectorised, deterministic).
 
-Structure, chosen so that the selection problem of method.md section 1 shows up:
+Structure, chosen so that the selection problem of docs/method.md#problem shows up:
 
 * topic clusters around unit-norm centres that share a common direction (real sentence
   embeddings are anisotropic), with uneven sizes (log-normal weights);

@@ -53,6 +53,13 @@ def parse_lambs(spec) -> list[float]:
     return sorted(set(vals))
 
 
+class _Arrays:
+    """A shard given as arrays, for :func:`engine.select.select_shard`."""
+
+    def __init__(self, x, q, ids):
+        self.embeddings, self.quality, self.ids = x, q, ids
+
+
 def _scores(ev: dict, algorithm: str) -> dict:
     return {"f_qua": float(ev["f_qua"]), "f_div": float(ev["f_div"][algorithm])}
 
@@ -100,7 +107,7 @@ def sweep_lambda(
     from ..engine.baselines import quality_topk, random_selection
     from ..engine.config import CPU_DEMO_PRESET, LearnerConfig, canonical_algorithm
     from ..engine.evaluate import evaluate_selection, make_ground_set
-    from ..engine.learner import learn
+    from ..engine.select import select_shard
 
     t_start = time.perf_counter()
     algorithm = canonical_algorithm(algorithm)
@@ -114,7 +121,7 @@ def sweep_lambda(
     else:
         g_lambs = parse_lambs(greedy_lambs) if len(greedy_lambs) else []
     if cfg is None:
-        cfg = LearnerConfig(algorithm=algorithm, **CPU_DEMO_PRESET)
+        cfg = LearnerConfig.profile("pipeline", algorithm=algorithm, **CPU_DEMO_PRESET)
     base = cfg.replace(algorithm=algorithm)
 
     x_np = x.detach().cpu().numpy() if torch.is_tensor(x) else np.asarray(x)
@@ -152,10 +159,12 @@ def sweep_lambda(
 
     topk_set = set(topk_idx.tolist())
     points = []
+    shard = _Arrays(x_np, q_np, ids)
     for lamb in lambs:
-        res = learn(x_np, q_np, base.replace(lamb=lamb), ids=ids, device=device)
-        sel = res.selected_idx
-        pt = {"lamb": lamb, **_scores(ev(sel), algorithm)}
+        res = select_shard(shard, base.replace(lamb=lamb), device=device, references=False)
+        sel = res.indices
+        score = res.scores["selection"]
+        pt = {"lamb": lamb, "f_qua": score.f_qua, "f_div": score.f_div}
         pt["f"] = _f(pt, lamb)
         pt["f_quality_topk"] = _f(ref_topk, lamb)
         pt["f_random"] = _f(ref_random, lamb)
@@ -166,10 +175,11 @@ def sweep_lambda(
                 pt["gap_closed_vs_greedy"] = (pt["f"] - pt["f_quality_topk"]) / (fg - pt["f_quality_topk"])
         pt["overlap_with_topk"] = len(topk_set.intersection(sel.tolist())) / max(1, sel.size)
         pt["steps"] = int(res.steps)
-        pt["wall_time_s"] = float(res.wall_time_s)
+        pt["route"] = res.route
+        pt["wall_time_s"] = float(res.timings["total_s"])
         points.append(pt)
         say(f"DATAMASK λ={lamb:g}: f_qua={pt['f_qua']:.5g} f_div={pt['f_div']:.5g} "
-            f"f={pt['f']:.5g} ({res.steps} steps, {res.wall_time_s:.1f}s)")
+            f"f={pt['f']:.5g} ({res.route}, {res.steps} steps, {pt['wall_time_s']:.1f}s)")
 
     cfg_dict = base.to_dict()
     cfg_dict.pop("lamb", None)
@@ -279,21 +289,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--input", required=True, help="parquet shard (path or URI)")
     p.add_argument("--out", required=True, help="output directory (path or URI)")
-    p.add_argument("--algorithm", default="Pair_simi", help="DiSF | Facility | Pair_simi")
     p.add_argument("--lambs", default="0,0.2,0.5,0.8,1", help="comma-separated lambda values")
     p.add_argument("--greedy-lambs", "--greedy_lambs", default="all",
                    help="lambdas greedy runs at: all (default), none, or comma-separated values")
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda:N (default cpu)")
-    p.add_argument("--n_epochs", type=int, default=None, help="steps per run (CPU demo preset)")
-    p.add_argument("--n_rollout", type=int, default=None)
-    p.add_argument("--partial", type=float, default=None)
-    p.add_argument("--select_ratio", type=float, default=0.1)
-    p.add_argument("--max_lr", type=float, default=10.0)
-    p.add_argument("--min_lr", type=float, default=1.0)
-    p.add_argument("--init", default="quality")
-    p.add_argument("--term_norm", "--term-norm", default="none")
-    p.add_argument("--prune_ratio", "--prune-ratio", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    from ..engine.cli import add_knob_arguments
+
+    add_knob_arguments(p.add_argument_group("method knobs (default: the pipeline profile with "
+                                            "the CPU demo preset, algorithm Pair_simi)"),
+                       exclude=("lamb",))
     p.add_argument("--id-column", default="chunk_id")
     p.add_argument("--quality-column", action="append", default=None,
                    help="quality column (repeat to sum several; default quality_score)")
@@ -307,22 +311,16 @@ def main(argv=None) -> int:
     from ..engine import storage
     from ..engine.config import CPU_DEMO_PRESET, ConfigError, LearnerConfig
     from ..engine.data import Columns, DataContractError, read_shard
-    from ..engine.learner import DeviceError
+    from ..engine.device import DeviceError
 
     args = build_parser().parse_args(argv)
     try:
         lambs = parse_lambs(args.lambs)
         g = args.greedy_lambs.strip().lower()
         greedy_lambs = lambs if g == "all" else [] if g == "none" else parse_lambs(args.greedy_lambs)
-        knobs = dict(CPU_DEMO_PRESET)
-        for name in ("n_epochs", "n_rollout", "partial"):
-            if getattr(args, name) is not None:
-                knobs[name] = getattr(args, name)
-        cfg = LearnerConfig(algorithm=args.algorithm, select_ratio=args.select_ratio,
-                            max_lr=args.max_lr, min_lr=args.min_lr, init=args.init,
-                            term_norm=args.term_norm, prune_ratio=args.prune_ratio,
-                            seed=args.seed, **knobs)
-        cfg.validate()
+        given = {f: getattr(args, f) for f in LearnerConfig.model_fields if hasattr(args, f)}
+        cfg = LearnerConfig.profile("pipeline", **{**CPU_DEMO_PRESET, "algorithm": "Pair_simi",
+                                                   **given})
         columns = Columns(id=args.id_column, quality=tuple(args.quality_column or ("quality_score",)),
                           embedding=args.embedding_column)
         shard = read_shard(args.input, columns)

@@ -66,3 +66,30 @@ def test_parquet_input(tmp_path):
     res = json.loads((out / "results_quick.json").read_text())
     assert res["data"]["kind"] == "parquet" and res["data"]["rows"] == 300
     assert [c["term"] for c in res["time_to_greedy"]["cells"]] == ["Pair_simi"]
+
+
+def test_solvers_section_quick_writes_json_report_and_table(tmp_path):
+    """bench.solvers --quick through select_shard: every solver and greedy per term, valid
+    JSON, the markdown report, and a solver table in the engine's format (written to a temporary
+    path here: the committed table comes from the recorded run)."""
+    from bench import solvers
+    from datamask_pipeline.engine import solver_table
+
+    rc = solvers.main(["--quick", "--sizes", "600", "--out", str(tmp_path), "--tag", "t"])
+    assert rc == 0
+    res = json.loads((tmp_path / "results_t.json").read_text())
+    assert _finite_or_none(res)
+    assert {c["term"] for c in res["cells"]} == set(TERMS)
+    for c in res["cells"]:
+        assert set(c["solvers"]) == set(solvers.SOLVERS) | {"greedy"}
+        for r in c["solvers"].values():
+            # every solver but the plain learner is guarded: never below quality top-k
+            assert r["f"] >= c["f_topk"] - 1e-9 or r is c["solvers"]["paper"]
+    assert "| n | greedy time | solver |" in (tmp_path / "REPORT_t.md").read_text()
+    table = solvers.build_table(res["cells"], res["command"], "x.json")
+    for term in TERMS:
+        row = table["rules"]["cpu"][term][0]
+        assert row["solver"] in solvers.SOLVERS and row["max_n"] >= 600
+    # the committed table parses and covers the built-in terms
+    committed = solver_table.load()
+    assert set(committed["rules"]["cpu"]) >= set(TERMS)

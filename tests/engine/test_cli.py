@@ -48,8 +48,9 @@ def test_cli_end_to_end_keeps_every_input_column(shard, tmp_path):
     for row in got.to_pylist()[:20]:
         assert row == by_id[row["chunk_id"]]
     obj = summary["objective"]
-    assert obj["datamask"]["f"]["Pair_simi"] > obj["random"]["f"]["Pair_simi"]
-    # progress bar / lines on stderr with the documented numbers
+    assert obj["selection"]["f"] > obj["random"]["f"]
+    assert summary["term"] == "Pair_simi" and summary["solver"] == summary["route"] == "paper"
+    # the tqdm progress bar on stderr with the documented numbers
     assert "f_mean=" in r.stderr and "eta=" in r.stderr and "40/40" in r.stderr
     # no temporary files left beside the outputs
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.parquet", "masks.parquet", "out.parquet"]

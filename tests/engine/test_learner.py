@@ -287,9 +287,10 @@ def test_progress_callback_reports_every_n_steps():
     ],
 )
 def test_impossible_configs_fail_before_any_work(changes, msg):
-    cfg = LearnerConfig(**{**dict(algorithm="DiSF", select_ratio=0.1, partial=0.1), **changes})
+    # a knob out of its range fails at construction, one that does not fit the shard at validate
     with pytest.raises(ConfigError) as ei:
-        cfg.validate(1000)
+        LearnerConfig(**{**dict(algorithm="DiSF", select_ratio=0.1, partial=0.1),
+                         **changes}).validate(1000)
     assert msg in str(ei.value)
 
 

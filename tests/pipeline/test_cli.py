@@ -94,10 +94,10 @@ def test_register_then_dagster_asset_materialize(cli_env):
             dg.AssetRecordsFilter(asset_key=dg.AssetKey("mask"), asset_partitions=["shard_000"]),
             limit=2).records
         hashes = [r.asset_materialization.metadata["config_hash"].value for r in recs]
-        steps = recs[0].asset_materialization.metadata["steps"].value
+        used = recs[0].asset_materialization.metadata["config"].value
         checks = inst.event_log_storage.get_asset_check_execution_history(
             dg.AssetCheckKey(dg.AssetKey("features"), "unique_ids"), limit=5)
-    assert steps == settings.learner_defaults("cpu-demo")["n_epochs"]
+    assert used == {**settings.learner_defaults("cpu-demo"), "seed": 7}
     assert len(hashes) == 2 and hashes[0] != hashes[1]  # newest (seed 7) first
     assert len(checks) == 1  # the blocking checks ran with the chain, not with mask alone
 

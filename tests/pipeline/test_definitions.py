@@ -1,7 +1,6 @@
 """Snapshot of the definitions: asset keys, deps, partitions, groups, kinds, code versions,
 checks, jobs, sensor, schedule, resources; and the config surface of the mask step."""
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -91,15 +90,15 @@ def test_jobs_sensor_schedule_resources():
 
 def test_mask_config_covers_every_learner_knob():
     fields = MaskConfig.model_fields
-    assert set(fields) == {f.name for f in dataclasses.fields(LearnerConfig)}
+    assert set(fields) == set(LearnerConfig.model_fields)
     assert all(f.description and len(f.description) > 20 for f in fields.values())
     # this test process runs with DATAMASK_PRESET=cpu-demo (conftest)
     assert MaskConfig().model_dump() == settings.learner_defaults("cpu-demo")
 
 
-def test_definitions_load_without_torch_and_default_to_the_paper():
+def test_definitions_load_without_torch_and_default_to_the_pipeline_profile():
     """A fresh interpreter without DATAMASK_PRESET: the definitions load without importing
-    torch, and MaskConfig's defaults are the paper's (LearnerConfig's)."""
+    torch, and MaskConfig's defaults are the engine's ``pipeline`` profile (solver auto)."""
     code = (
         "import json, sys\n"
         "from datamask_pipeline.definitions import defs\n"
@@ -112,4 +111,5 @@ def test_definitions_load_without_torch_and_default_to_the_paper():
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["torch"] is False
-    assert got["config"] == LearnerConfig().to_dict()
+    assert got["config"] == LearnerConfig.profile("pipeline").to_dict()
+    assert got["config"]["solver"] == "auto"

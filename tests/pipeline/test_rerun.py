@@ -75,20 +75,20 @@ def test_failed_reruns_keep_previous_outputs(registered, run_chain, data_root):
 
 def test_retried_mask_step_resumes_from_checkpoint(registered, run_chain, data_root, resources):
     key = registered[0]
-    assert run_chain(key).success
+    assert run_chain(key, solver="paper").success  # the learner: what checkpoints belong to
     with open(data_root.mask(key), "rb") as fh:
         uninterrupted = fh.read()
 
     # An attempt that died after 10 of 30 steps leaves the engine's checkpoint behind (same
     # config, same data, same device): exactly what a RetryPolicy retry finds.
     shard = read_features(data_root.features(key), resources["contract"])
-    cfg = MaskConfig(**TINY).learner_config()
+    cfg = MaskConfig(**TINY, solver="paper").learner_config()
     ckpt = data_root.checkpoint(key)
     learn(shard.embeddings, shard.quality, cfg, ids=shard.ids, device="cpu",
           checkpoint_path=ckpt, checkpoint_every=10, max_steps=10)
     assert os.path.exists(ckpt)
 
-    result = run_chain(key, selection=[dg.AssetKey("mask")])
+    result = run_chain(key, selection=[dg.AssetKey("mask")], solver="paper")
     meta = result.get_asset_materialization_events()[0].materialization.metadata
     assert meta["resumed_from_step"].value == 10
     assert meta["steps"].value == TINY["n_epochs"]
@@ -99,5 +99,5 @@ def test_retried_mask_step_resumes_from_checkpoint(registered, run_chain, data_r
     # a checkpoint of another config is not resumed from
     learn(shard.embeddings, shard.quality, cfg.replace(seed=99), ids=shard.ids, device="cpu",
           checkpoint_path=ckpt, checkpoint_every=10, max_steps=10)
-    result = run_chain(key, selection=[dg.AssetKey("mask")])
+    result = run_chain(key, selection=[dg.AssetKey("mask")], solver="paper")
     assert result.get_asset_materialization_events()[0].materialization.metadata["resumed_from_step"].value == 0

@@ -52,7 +52,8 @@ GOOD_KEY = "good"
 # cases that also run as real, separate `python -m datamask_pipeline.engine.cli` processes
 SUBPROCESS_CASES = ["truncated_parquet", "duplicate_ids", "one_row", "extra_columns"]
 
-# name, extra CLI args, MaskConfig overrides (None: CLI only), learner device, fragment,
+# name, extra CLI args, MaskConfig overrides (None: CLI only; the learner's batch rules apply to
+# solver paper, the CLI's default), learner device, fragment,
 # whether the check needs the shard's size (else it must fail even before the input is read)
 CONFIGS = [
     ("select_ratio_zero", ["--select_ratio", "0"], {"select_ratio": 0.0}, None,
@@ -62,14 +63,14 @@ CONFIGS = [
     ("select_ratio_negative", ["--select_ratio", "-0.2"], {"select_ratio": -0.2}, None,
      "select_ratio must be in (0, 1), got -0.2", False),
     ("k_prime_below_2_pairwise", ["--algorithm", "Pair_simi", "--partial", "0.02"],
-     {"algorithm": "Pair_simi", "partial": 0.02}, None,
+     {"algorithm": "Pair_simi", "partial": 0.02, "solver": "paper"}, None,
      "masks of k'=1 samples; Pair_simi needs k' >= 2: raise partial or select_ratio", True),
     ("k_prime_below_2_disf", ["--algorithm", "DiSF", "--partial", "0.02"],
-     {"algorithm": "DiSF", "partial": 0.02}, None,
+     {"algorithm": "DiSF", "partial": 0.02, "solver": "paper"}, None,
      "masks of k'=1 samples; DiSF needs k' >= 2: raise partial or select_ratio", True),
     ("partial_too_small_for_one_mask", ["--algorithm", "Facility", "--select_ratio", "0.5",
                                         "--partial", "0.004"],
-     {"algorithm": "Facility", "select_ratio": 0.5, "partial": 0.004}, None,
+     {"algorithm": "Facility", "select_ratio": 0.5, "partial": 0.004, "solver": "paper"}, None,
      "too small for one mask of k'=1 with anything left to choose: raise partial", True),
     ("lambda_negative", ["--lamb", "-0.1"], {"lamb": -0.1}, None,
      "lamb (lambda) must be in [0, 1], got -0.1", False),
@@ -78,7 +79,7 @@ CONFIGS = [
     ("unknown_algorithm", ["--algorithm", "kmeans"], {"algorithm": "kmeans"}, None,
      "unknown algorithm 'kmeans': choose one of DiSF, Facility, Pair_simi", False),
     ("missing_device", ["--device", "cuda:7"], {}, "cuda:7", "'cuda:7' requested", False),
-    ("memory_beyond_the_device", ["--n_rollout", "1000000000"], {"n_rollout": 1_000_000_000}, None,
+    ("memory_beyond_the_device", ["--n_rollout", "1000000000"], {"n_rollout": 1_000_000_000, "solver": "paper"}, None,
      "largest part is gumbel_keys", True),
 ]
 

@@ -59,7 +59,8 @@ KILL_ROWS = 2000
 # ~1-2 s of learning at one thread: long enough to land kills inside it
 KILL_ARGS = ["--device", "cpu", "--n_epochs", "1500", "--n_rollout", "64", "--partial", "0.1",
              "--select_ratio", "0.1", "--seed", "4", "--no-progress"]
-MASK_KILL = dict(n_epochs=1500, n_rollout=64, partial=0.1, select_ratio=0.1, seed=4)
+# solver paper: the learner is what writes and resumes checkpoints
+MASK_KILL = dict(n_epochs=1500, n_rollout=64, partial=0.1, select_ratio=0.1, seed=4, solver="paper")
 OUTPUTS = {"out.parquet", "masks.parquet", "ck.pt"}
 
 
@@ -91,7 +92,7 @@ def kill_input(fast_dir):
     t0 = time.monotonic()
     summary = _run_cli(_cli_argv(path, ref, checkpoint=False))
     wall = time.monotonic() - t0
-    return {"input": path, "base": fast_dir, "wall": wall, "learn": summary["learn_time_s"],
+    return {"input": path, "base": fast_dir, "wall": wall, "learn": summary["timings_s"]["learn_s"],
             "out": read_bytes(os.path.join(ref, "out.parquet")),
             "masks": read_bytes(os.path.join(ref, "masks.parquet"))}
 

@@ -209,7 +209,7 @@ SQL_FILES = [REPO / "assets" / "validate.py", REPO / "assets" / "report.py"]
 # names that hold quoted identifiers or SQL fragments built only from quoted identifiers,
 # placeholders and constants (checked below where they are built)
 SAFE_NAMES = {"T", "I", "Q", "E", "NUMBERED", "where", "nonfinite", "zero", "cols",
-              "placeholders", "files", "conds"}
+              "placeholders", "files", "conds", "groups"}
 SAFE_CALLS = {"q", "sql_string"}
 
 
@@ -225,11 +225,27 @@ def _safe(expr) -> bool:
         return expr.id in SAFE_NAMES
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name):
         return expr.func.id in SAFE_CALLS
+    # ``rule.sql``: a contract rule's DuckDB predicate, a constant of engine/contract.py whose
+    # values are ``?`` parameters (test_contract_sql_binds_values below)
+    if isinstance(expr, ast.Attribute) and expr.attr == "sql":
+        return True
     # " OR ".join(conds): conditions built from quoted identifiers and "?" (checked below)
     if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and \
             expr.func.attr == "join" and isinstance(expr.func.value, ast.Constant):
         return all(isinstance(a, ast.Name) and a.id in SAFE_NAMES for a in expr.args)
     return False
+
+
+def test_contract_sql_binds_values():
+    """Every contract rule's SQL predicate is code, not data: only the column placeholder
+    ``{c}``, ``?`` parameters and SQL of its own; no digits but in ``?``-free constants such
+    as ``0``, and nothing a shard could put there."""
+    from datamask_pipeline.engine import contract
+
+    for rule in contract.RULES:
+        if rule.sql:
+            assert "'" not in rule.sql and ";" not in rule.sql, (rule.name, rule.sql)
+            assert len(rule.params) == rule.sql.count("?"), (rule.name, rule.sql, rule.params)
 
 
 def test_every_sql_statement_quotes_identifiers_and_binds_values():
@@ -342,7 +358,7 @@ def test_checkpoint_with_pickled_code_is_refused_without_running_it(tmp_path, re
     assert sentinel.is_dir()
     sentinel.rmdir()
 
-    res = run_chain(key, selection=[dg.AssetKey("mask")], raise_on_error=False)
+    res = run_chain(key, selection=[dg.AssetKey("mask")], raise_on_error=False, solver="paper")
     assert not res.success
     text = error_text(res)
     assert ck in text and "weights-only" in text, text
@@ -372,7 +388,7 @@ def test_no_secret_in_events_logs_metadata_or_outputs(monkeypatch, registered, r
     key = registered[0]
     assert run_chain(key).success
     # a failing run too (errors carry messages and stack traces)
-    assert not run_chain(key, raise_on_error=False, partial=0.001).success
+    assert not run_chain(key, raise_on_error=False, partial=0.001, solver="paper").success
     summary = dg.materialize(ALL_ASSETS, instance=instance, resources=resources,
                              selection=[dg.AssetKey("corpus_summary")])
     assert summary.success
