@@ -18,11 +18,6 @@ import pytest
 
 import datamask_pipeline
 
-# Being removed by the engine refactoring; any other circle (or this one growing) fails.
-KNOWN_CYCLES = {
-    frozenset({"datamask_pipeline.engine.learner", "datamask_pipeline.engine.polish"}),
-}
-
 
 def _modules(package_dir: Path) -> dict[str, tuple[Path, bool]]:
     """Dotted module name -> (file, is a package's ``__init__``) for every .py under it."""
@@ -174,10 +169,7 @@ def test_datamask_pipeline_has_no_import_cycles():
     cycles = find_cycles(graph)
     report = "\n".join(_describe(c, graph) for c in cycles) or "none"
     print(f"import cycles found:\n{report}")
-    unexpected = [c for c in cycles if frozenset(c) not in KNOWN_CYCLES]
-    assert not unexpected, "import cycles:\n" + "\n".join(_describe(c, graph) for c in unexpected)
-    if cycles:
-        pytest.xfail(f"known import cycle still present (being removed):\n{report}")
+    assert not cycles, f"import cycles:\n{report}"
 
 
 _IMPORT_ALL = """
