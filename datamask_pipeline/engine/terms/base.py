@@ -15,7 +15,7 @@ import torch
 from ..numerics import DisfFrame, disf_frame, unit_rows
 
 __all__ = ["Batch", "DiversityTerm", "NotSupported", "PolishContext", "TermError",
-           "default_mem_budget", "rollout_chunks", "CAPABILITIES"]
+           "block_swap", "default_mem_budget", "rollout_chunks", "CAPABILITIES"]
 
 # Optional moves a term may implement (``DiversityTerm.supports``).
 CAPABILITIES = ("greedy", "polish", "best_swap")
@@ -139,6 +139,31 @@ class PolishContext:
         m = torch.zeros(self.n, dtype=torch.bool, device=self.dev)
         m[self.members if members is None else members] = True
         return m
+
+
+def block_swap(g: torch.Tensor, h: torch.Tensor, bcap: int, exchange) -> tuple[str, int, int]:
+    """One block-swap attempt of the polish: pair the B = bcap best incoming samples (scores
+    ``g``, one per candidate) with the B best outgoing ones (``h``), keep the prefix whose
+    first-order gain g + h is positive, and call ``exchange(gi, hi)`` with their positions in
+    ``g`` and ``h``; it scores the exchanged set exactly and returns whether it kept it.
+
+    Returns (outcome, next bcap, samples swapped): ``"moved"`` (kept; bcap doubles, capped by
+    the caller), ``"retry"`` (rejected with B > 1; bcap halves), ``"single"`` (rejected at
+    B = 1: the caller's exact single-swap search decides), ``"no_gain"`` (no pair has a
+    positive first-order gain) or ``"empty"`` (nothing to swap)."""
+    B = min(bcap, g.numel(), h.numel())
+    if B < 1:
+        return "empty", bcap, 0
+    gv, gi = torch.topk(g, B)
+    hv, hi = torch.topk(h, B)
+    pos = int(((gv + hv) > 0).sum())
+    if pos == 0:
+        return "no_gain", bcap, 0
+    if exchange(gi[:pos], hi[:pos]):
+        return "moved", 2 * pos, pos
+    if pos > 1:
+        return "retry", pos // 2, 0
+    return "single", bcap, 0
 
 
 class DiversityTerm(ABC):

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Batch, DiversityTerm, PolishContext, rollout_chunks
-from .sampling import CandidateSampler
+from .base import Batch, DiversityTerm, PolishContext, block_swap, rollout_chunks
+from .sampling import greedy_picks
 
 DISF_STD_FLOOR = 1e-8
 
@@ -170,35 +170,23 @@ class DiSF(DiversityTerm):
         float64); every candidate (all n, or the s sampled) is scored by
         :func:`rank_one_fdiv`: two (rows x d) @ (d x d) products, O(k n d^2) in total."""
         fr = ground.disf_frame(DISF_STD_FLOOR)
-        x, q = fr.x, ground.q
+        x = fr.x
         n, d = x.shape
-        dev = x.device
-        chosen = torch.zeros(n, dtype=torch.bool, device=dev)
-        picks = torch.empty(k, dtype=torch.long, device=dev)
-        mu = torch.zeros(d, dtype=torch.float64, device=dev)
-        W = torch.zeros(d, d, dtype=torch.float64, device=dev)
-        sampler = CandidateSampler(n, sample, generator, dev) if sample else None
-        for t in range(k):
-            cand = sampler.draw() if sampler else None
-            qc = q if cand is None else q[cand]
-            if t == 0:
-                key = qc.clone()
-            else:
-                fd = rank_one_scores(x, cand, mu, W, t / (t + 1.0), t, fr.floor,
-                                     fr.stats_dtype, ground.mem_budget)
-                key = lamb * qc / (t + 1) + (1 - lamb) * fd
-            if cand is None:
-                j = int(torch.argmax(key.masked_fill(chosen, -torch.inf)))
-            else:
-                j = int(cand[torch.argmax(key)])
-            picks[t] = j
-            chosen[j] = True
+        mu = torch.zeros(d, dtype=torch.float64, device=x.device)
+        W = torch.zeros(d, d, dtype=torch.float64, device=x.device)
+
+        def key_of(t, cand, qc):
+            fd = rank_one_scores(x, cand, mu, W, t / (t + 1.0), t, fr.floor, fr.stats_dtype,
+                                 ground.mem_budget)
+            return lamb * qc / (t + 1) + (1 - lamb) * fd
+
+        def add(t, j):  # Welford: rank-one update of the scatter matrix, then the mean
             v = x[j].to(torch.float64) - mu
-            W += (t / (t + 1.0)) * torch.outer(v, v)
-            mu += v / (t + 1)
-            if sampler:
-                sampler.remove(j)
-        return picks
+            W.add_(torch.outer(v, v), alpha=t / (t + 1.0))
+            mu.add_(v / (t + 1))
+
+        return greedy_picks(n, k, ground.q, key_of, add, sample=sample, generator=generator,
+                            device=x.device)
 
     # --------------------------------------------------------------------- polish
     def polish(self, c: PolishContext) -> dict:
@@ -238,27 +226,28 @@ class DiSF(DiversityTerm):
                 rank_one_scores(x, nonm, mu, W, k / (k + 1), k, floor, sd, c.budget) - fd)
             h = -lamb * c.q[mem] / k + (1 - lamb) * (
                 rank_one_scores(x, mem, mu, W, -k / (k - 1), k - 2, floor, sd, c.budget) - fd)
-            B = min(bcap, nonm.numel())
-            gv, gi = torch.topk(g, B)
-            hv, hi = torch.topk(h, B)
-            pos = int(((gv + hv) > 0).sum())
-            if pos > 0:
-                B = pos
-                J, O = nonm[gi[:B]], mem[hi[:B]]
+
+            def exchange(gi, hi):
+                nonlocal member, f, fd, mu, W
                 trial = member.clone()
-                trial[O], trial[J] = False, True
+                trial[mem[hi]], trial[nonm[gi]] = False, True
                 f_new, fd_new, mu_new, W_new = evaluate(trial)
                 if f_new > f + c.tol:
-                    member = trial
-                    f, fd, mu, W = f_new, fd_new, mu_new, W_new
-                    swaps += B
-                    moves += 1
-                    bcap = min(k, 2 * B)
-                    c.progress(f, swaps)
-                    continue
-                if B > 1:
-                    bcap = B // 2
-                    continue
+                    member, f, fd, mu, W = trial, f_new, fd_new, mu_new, W_new
+                    return True
+                return False
+
+            outcome, next_cap, moved = block_swap(g, h, bcap, exchange)
+            if outcome == "moved":
+                swaps += moved
+                moves += 1
+                bcap = min(k, next_cap)
+                c.progress(f, swaps)
+                continue
+            if outcome == "retry":
+                bcap = next_cap
+                continue
+            # "no_gain" / "single": g + h is no bound for DiSF, so the exact search decides.
             # Exact single swaps, members in order of promise, a batch of members at a time.
             order = mem[torch.argsort(h, descending=True)]
             n_out = order.numel() if c.exact_outs is None else min(c.exact_outs, order.numel())

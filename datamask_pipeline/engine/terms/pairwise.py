@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import Batch, DiversityTerm, PolishContext, rollout_chunks
-from .sampling import CandidateSampler
+from .base import Batch, DiversityTerm, PolishContext, block_swap, rollout_chunks
+from .sampling import greedy_picks
 
 
 def _pair_f(qsum: float, s: torch.Tensor, k: int, lamb: float) -> float:
@@ -68,31 +68,18 @@ class PairwiseSimilarity(DiversityTerm):
         """With t selected and running sum s of their unit rows, f(U + j) ranks as
         lamb*q_j/(t+1) - (1-lamb)*2*s.x_j/(t(t+1)): one mat-vec over the candidates per pick
         (all n, or the s sampled ones)."""
-        xn, q = ground.xn, ground.q
-        n, dev = ground.m, xn.device
-        chosen = torch.zeros(n, dtype=torch.bool, device=dev)
-        ssum = torch.zeros(ground.d, dtype=torch.float64, device=dev)
-        picks = torch.empty(k, dtype=torch.long, device=dev)
-        sampler = CandidateSampler(n, sample, generator, dev) if sample else None
-        for t in range(k):
-            cand = sampler.draw() if sampler else None
-            qc = q if cand is None else q[cand]
-            if t == 0:
-                key = qc.clone()
-            else:
-                xc = xn if cand is None else xn[cand]
-                dots = xc @ ssum.to(xn.dtype)
-                key = lamb * qc / (t + 1) - (1 - lamb) * 2.0 * dots / (t * (t + 1))
-            if cand is None:
-                j = int(torch.argmax(key.masked_fill(chosen, -torch.inf)))
-            else:
-                j = int(cand[torch.argmax(key)])
-            picks[t] = j
-            chosen[j] = True
-            ssum += xn[j].to(torch.float64)
-            if sampler:
-                sampler.remove(j)
-        return picks
+        xn = ground.xn
+        ssum = torch.zeros(ground.d, dtype=torch.float64, device=xn.device)
+
+        def key_of(t, cand, qc):
+            dots = (xn if cand is None else xn[cand]) @ ssum.to(xn.dtype)
+            return lamb * qc / (t + 1) - (1 - lamb) * 2.0 * dots / (t * (t + 1))
+
+        def add(t, j):
+            ssum.add_(xn[j].to(torch.float64))
+
+        return greedy_picks(ground.m, k, ground.q, key_of, add, sample=sample,
+                            generator=generator, device=xn.device)
 
     # --------------------------------------------------------------------- polish
     def polish(self, c: PolishContext) -> dict:
@@ -121,32 +108,34 @@ class PairwiseSimilarity(DiversityTerm):
             a = xn @ s.to(xn.dtype)
             g = torch.where(c.allowed & ~member, alpha * c.q - 2 * beta * a, neg)
             h = torch.where(member, -alpha * c.q + 2 * beta * a, neg)
-            B = min(bcap, k, int((c.allowed & ~member).sum()))
-            if B < 1:
+            n_in = int((c.allowed & ~member).sum())
+            if min(k, n_in) < 1:
                 converged, stop = True, "nothing_to_swap"
                 break
-            gv, gi = torch.topk(g, B)
-            hv, ho = torch.topk(h, B)
-            pos = int(((gv + hv) > 0).sum())  # the prefix whose first-order gain is positive
-            if pos == 0:
-                converged, stop = True, "local_optimum"  # no pair has a positive upper bound
-                break
-            B = pos
-            J, O = gi[:B], ho[:B]
-            s_new = s - xn[O].double().sum(0) + xn[J].double().sum(0)
-            q_new = qsum - float(c.q64[O].sum()) + float(c.q64[J].sum())
-            f_new = _pair_f(q_new, s_new, k, lamb)
-            if f_new > f + c.tol:
-                member[O] = False
-                member[J] = True
-                s, qsum, f = s_new, q_new, f_new
-                swaps += B
+
+            def exchange(J, O):
+                nonlocal s, qsum, f
+                s_new = s - xn[O].double().sum(0) + xn[J].double().sum(0)
+                q_new = qsum - float(c.q64[O].sum()) + float(c.q64[J].sum())
+                f_new = _pair_f(q_new, s_new, k, lamb)
+                if f_new > f + c.tol:
+                    member[O], member[J] = False, True
+                    s, qsum, f = s_new, q_new, f_new
+                    return True
+                return False
+
+            outcome, next_cap, moved = block_swap(g, h, min(bcap, k, n_in), exchange)
+            if outcome == "moved":
+                swaps += moved
                 moves += 1
-                bcap = min(k, 2 * B)
+                bcap = min(k, next_cap)
                 c.progress(f, swaps)
                 continue
-            if B > 1:
-                bcap = B // 2
+            if outcome == "no_gain":
+                converged, stop = True, "local_optimum"  # no pair has a positive upper bound
+                break
+            if outcome == "retry":
+                bcap = next_cap
                 continue
             # B = 1 failed: exact best single swap over every pair the bound admits.
             best = _pair_best_swap(xn, g, h, beta, c.budget)

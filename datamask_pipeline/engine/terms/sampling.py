@@ -55,3 +55,30 @@ class CandidateSampler:
         self.rem[p] = last
         self.pos[last] = p
         self.N -= 1
+
+
+def greedy_picks(n: int, k: int, q: torch.Tensor, key_of, add, *, sample: int | None = None,
+                 generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+    """The greedy skeleton shared by the terms without lazy bounds: k picks, each the
+    unchosen candidate with the largest key. At pick t (t >= 1), ``key_of(t, cand, q_cand)``
+    scores the candidates (``cand`` None: all n rows, chosen ones masked here; else the
+    ``sample`` rows drawn uniformly from the unchosen with ``generator``: stochastic
+    greedy); the first pick is the best quality (f_div of one sample is 0 by convention).
+    ``add(t, j)`` updates the term's state with pick j. Returns the picks in order."""
+    chosen = torch.zeros(n, dtype=torch.bool, device=device)
+    picks = torch.empty(k, dtype=torch.long, device=device)
+    sampler = CandidateSampler(n, sample, generator, device) if sample else None
+    for t in range(k):
+        cand = sampler.draw() if sampler else None
+        qc = q if cand is None else q[cand]
+        key = qc.clone() if t == 0 else key_of(t, cand, qc)
+        if cand is None:
+            j = int(torch.argmax(key.masked_fill(chosen, -torch.inf)))
+        else:
+            j = int(cand[torch.argmax(key)])
+        picks[t] = j
+        chosen[j] = True
+        add(t, j)
+        if sampler:
+            sampler.remove(j)
+    return picks
