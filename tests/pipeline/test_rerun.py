@@ -51,7 +51,7 @@ def test_failed_reruns_keep_previous_outputs(registered, run_chain, data_root):
     before = tree_bytes(data_root.root)
 
     # an impossible configuration fails before anything is written
-    result = run_chain(key, raise_on_error=False, partial=0.001)
+    result = run_chain(key, raise_on_error=False, partial=0.001, solver="paper")
     assert not result.success
     text = [e for e in result.all_events if e.is_step_failure][0].step_failure_data.error.message
     assert f"partition '{key}'" in text and "partial=0.001" in text

@@ -97,7 +97,7 @@ def test_validation_and_subset_memory_flat_at_2m_rows(tmp_path):
 
 def test_mask_refuses_a_config_that_cannot_fit_before_allocating(registered, run_chain, data_root):
     key = registered[0]
-    ok = run_chain(key)  # the chain, TINY config: the estimate is in the metadata
+    ok = run_chain(key, solver="paper")  # the learner, TINY config: the estimate is in the metadata
     meta = [e for e in ok.get_asset_materialization_events()
             if e.asset_key == dg.AssetKey("mask")][0].materialization.metadata
     est = meta["memory_estimate"].value
@@ -110,7 +110,7 @@ def test_mask_refuses_a_config_that_cannot_fit_before_allocating(registered, run
     peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # 10^9 rollouts of a 40-row batch: ~300 GB of Gumbel keys
     res = run_chain(key, selection=[dg.AssetKey("mask")], raise_on_error=False,
-                    n_rollout=1_000_000_000)
+                    n_rollout=1_000_000_000, solver="paper")
     peak1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     assert not res.success
     text = error_text(res)

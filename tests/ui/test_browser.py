@@ -393,7 +393,11 @@ def test_mask_partition_page_shows_partitions_and_report_metadata(page, server, 
             row = _metadata_row(page, key)
             expect(row).to_be_visible()
             assert float(_row_value(row)) == pytest.approx(float(meta[key]), rel=1e-9), key
-        assert meta["steps"] == N_EPOCHS
+        # the pipeline's default solver (auto) and the route it took, as the run recorded them
+        assert meta["solver"] == "auto"
+        assert meta["steps"] == (N_EPOCHS if meta["route"] in ("paper", "paper+polish") else 0)
+        for key in ("solver", "route"):
+            expect(_metadata_row(page, key)).to_contain_text(meta[key])
         for key in ("objective_curve", "whole_shard_scores"):
             expect(_metadata_row(page, key)).to_be_visible()
         expect(_metadata_row(page, "whole_shard_scores")).to_contain_text("quality_topk")
