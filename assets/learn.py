@@ -93,7 +93,8 @@ def read_sources(raw_uri: str, column: Optional[str], n: int):
 
 def curve_markdown(history: list, rows: int = CURVE_ROWS) -> str:
     if not history:
-        return "(no steps run: the result was read from a finished checkpoint or λ = 1)"
+        return ("(no learning steps: the solver runs none, λ = 1, or the result was read from a "
+                "finished checkpoint)")
     idx = sorted(set(np.linspace(0, len(history) - 1, min(rows, len(history))).round().astype(int)))
     lines = ["| step | lr | mean f | best f | mean f_qua | mean f_div | elapsed s |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
