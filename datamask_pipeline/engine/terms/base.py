@@ -15,7 +15,7 @@ import torch
 from ..numerics import DisfFrame, disf_frame, unit_rows
 
 __all__ = ["Batch", "DiversityTerm", "NotSupported", "PolishContext", "TermError",
-           "block_swap", "default_mem_budget", "rollout_chunks", "CAPABILITIES"]
+           "SwapSchedule", "block_swap", "default_mem_budget", "rollout_chunks", "CAPABILITIES"]
 
 # Optional moves a term may implement (``DiversityTerm.supports``).
 CAPABILITIES = ("greedy", "polish", "best_swap")
@@ -164,6 +164,29 @@ def block_swap(g: torch.Tensor, h: torch.Tensor, bcap: int, exchange) -> tuple[s
     if pos > 1:
         return "retry", pos // 2, 0
     return "single", bcap, 0
+
+
+class SwapSchedule:
+    """The block-swap schedule of a polish: the block size cap B (starts at k/8, doubles after
+    a kept block, halves after a rejected one, 2 after a single swap) and the swap counts."""
+
+    def __init__(self, k: int):
+        self.k, self.cap, self.swaps, self.moves = k, max(1, k // 8), 0, 0
+
+    def block(self, g: torch.Tensor, h: torch.Tensor, exchange, limit: int | None = None) -> str:
+        """One :func:`block_swap` at the current cap (no larger than ``limit``); returns its
+        outcome after updating the cap and the counts."""
+        cap = self.cap if limit is None else min(self.cap, limit)
+        outcome, next_cap, moved = block_swap(g, h, cap, exchange)
+        if outcome == "moved":
+            self.swaps, self.moves, self.cap = self.swaps + moved, self.moves + 1, min(self.k, next_cap)
+        elif outcome == "retry":
+            self.cap = next_cap
+        return outcome
+
+    def single(self) -> None:
+        """A single swap found by the exact search was kept."""
+        self.swaps, self.moves, self.cap = self.swaps + 1, self.moves + 1, 2
 
 
 class DiversityTerm(ABC):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Batch, DiversityTerm, PolishContext, block_swap, rollout_chunks
+from .base import Batch, DiversityTerm, PolishContext, SwapSchedule, rollout_chunks
 from .sampling import greedy_picks
 
 DISF_STD_FLOOR = 1e-8
@@ -208,8 +208,8 @@ class DiSF(DiversityTerm):
 
         f, fd, mu, W = evaluate(member)
         f0 = f
-        swaps = moves = rounds = 0
-        bcap = max(1, k // 8)
+        rounds = 0
+        sched = SwapSchedule(k)
         converged, stop = False, "max_rounds"
         while rounds < c.max_rounds:
             if c.out_of_time():
@@ -237,15 +237,10 @@ class DiSF(DiversityTerm):
                     return True
                 return False
 
-            outcome, next_cap, moved = block_swap(g, h, bcap, exchange)
+            outcome = sched.block(g, h, exchange)
             if outcome == "moved":
-                swaps += moved
-                moves += 1
-                bcap = min(k, next_cap)
-                c.progress(f, swaps)
-                continue
-            if outcome == "retry":
-                bcap = next_cap
+                c.progress(f, sched.swaps)
+            if outcome in ("moved", "retry"):
                 continue
             # "no_gain" / "single": g + h is no bound for DiSF, so the exact search decides.
             # Exact single swaps, members in order of promise, a batch of members at a time.
@@ -285,12 +280,10 @@ class DiSF(DiversityTerm):
                     stop = "partial_check"  # no improving swap among the members checked
                 break
             member, (f, fd, mu, W) = found
-            swaps += 1
-            moves += 1
-            bcap = 2
-            c.progress(f, swaps)
+            sched.single()
+            c.progress(f, sched.swaps)
         return {"members": torch.nonzero(member).flatten(), "f_start": f0, "f_end": f,
-                "swaps": swaps, "moves": moves, "rounds": rounds, "converged": converged,
+                "swaps": sched.swaps, "moves": sched.moves, "rounds": rounds, "converged": converged,
                 "stop": stop}
 
     def best_swap(self, c: PolishContext) -> tuple[int, int, float]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Batch, DiversityTerm, PolishContext, block_swap, rollout_chunks
+from .base import Batch, DiversityTerm, PolishContext, SwapSchedule, rollout_chunks
 from .sampling import greedy_picks
 
 
@@ -96,8 +96,8 @@ class PairwiseSimilarity(DiversityTerm):
         qsum = float(c.q64[member].sum())
         f = _pair_f(qsum, s, k, lamb)
         f0 = f
-        swaps = moves = rounds = 0
-        bcap = max(1, k // 8)
+        rounds = 0
+        sched = SwapSchedule(k)
         converged, stop = False, "max_rounds"
         neg = torch.tensor(-torch.inf, dtype=xn.dtype, device=c.dev)
         while rounds < c.max_rounds:
@@ -124,18 +124,13 @@ class PairwiseSimilarity(DiversityTerm):
                     return True
                 return False
 
-            outcome, next_cap, moved = block_swap(g, h, min(bcap, k, n_in), exchange)
-            if outcome == "moved":
-                swaps += moved
-                moves += 1
-                bcap = min(k, next_cap)
-                c.progress(f, swaps)
-                continue
+            outcome = sched.block(g, h, exchange, limit=min(k, n_in))
             if outcome == "no_gain":
                 converged, stop = True, "local_optimum"  # no pair has a positive upper bound
                 break
-            if outcome == "retry":
-                bcap = next_cap
+            if outcome == "moved":
+                c.progress(f, sched.swaps)
+            if outcome in ("moved", "retry"):
                 continue
             # B = 1 failed: exact best single swap over every pair the bound admits.
             best = _pair_best_swap(xn, g, h, beta, c.budget)
@@ -151,11 +146,9 @@ class PairwiseSimilarity(DiversityTerm):
                 break
             member[o], member[j] = False, True
             s, qsum, f = s_new, q_new, f_new
-            swaps += 1
-            moves += 1
-            bcap = 2
+            sched.single()
         return {"members": torch.nonzero(member).flatten(), "f_start": f0, "f_end": f,
-                "swaps": swaps, "moves": moves, "rounds": rounds, "converged": converged,
+                "swaps": sched.swaps, "moves": sched.moves, "rounds": rounds, "converged": converged,
                 "stop": stop}
 
     def best_swap(self, c: PolishContext) -> tuple[int, int, float]:
