@@ -14,9 +14,8 @@ datamask_job = dg.define_asset_job(
     selection=CHAIN,
     description="One shard end to end: ingestion -> blocking DuckDB checks -> mask learning "
     "(gpu pool) -> selected subset. Partitioned by shard (one run per partition).",
-    # Run-level retries (needs run_retries enabled in dagster.yaml and the daemon): re-execute
-    # from the failed step; the mask step resumes from its checkpoint.
-    tags={"dagster/max_retries": "1", "dagster/retry_strategy": "FROM_FAILURE"},
+    # Run retries are the instance's (dagster.yaml run_retries), so UI launches and backfills
+    # of the assets get them too.
 )
 
 corpus_summary_job = dg.define_asset_job(

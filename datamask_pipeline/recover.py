@@ -9,7 +9,7 @@ workers; the local run launcher (``dagster dev``, ``dagster asset materialize``)
 health check. This command looks at every run of ``$DAGSTER_HOME`` that is STARTING, STARTED or
 CANCELING, finds the process that last wrote an event for it, and when that process no longer
 exists on this machine (or its pid now belongs to a younger process) it marks the run FAILED and
-frees its concurrency slots. A run retry (``dagster/max_retries`` on ``datamask_job``, executed
+frees its concurrency slots. A run retry (the instance's ``run_retries`` in dagster.yaml, executed
 by the daemon of ``dagster dev``) or a re-execution then resumes the mask from its checkpoint.
 
 Only for instances whose runs execute on this machine. Exit code 0; prints one line per run
