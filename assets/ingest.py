@@ -8,6 +8,8 @@ are the blocking checks of :mod:`assets.validate`, which read the features file 
 """
 
 
+from datetime import timedelta
+
 import dagster as dg
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +29,18 @@ from resources.storage import DataRoot
 from .partitions import shards
 
 GROUP = "datamask"
+# Who answers for these assets in the UI, and the pipeline step each one is (a tag to filter by).
+OWNERS = ["team:data-selection"]
+
+
+# The catalog and the selected rows should follow the daily refresh (DATAMASK_SCHEDULE_CRON's
+# default): warn after a day without a fresh materialization, fail after two.
+FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=timedelta(days=2), warn_window=timedelta(days=1))
+
+
+def stage(name: str) -> dict:
+    """The tags of an asset of pipeline step ``name`` (ingest, validate, learn, select, report)."""
+    return {"datamask/stage": name}
 CODE_VERSION = "features-1"
 BATCH_ROWS = 65536
 # Row groups of the features file. Readers (the DuckDB checks) hold about one row group per
@@ -41,6 +55,8 @@ raw_shard = dg.AssetSpec(
     partitions_def=shards,
     group_name=GROUP,
     kinds={"parquet"},
+    owners=OWNERS,
+    tags=stage("ingest"),
     description="A raw parquet shard under the raw location (one file per partition): an id "
     "column, numeric quality column(s), an embedding column (list of floats) and any other "
     "columns (text, source ...). Written by you, not by Dagster.",
@@ -123,6 +139,8 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns) -> dict:
     deps=[raw_shard],
     group_name=GROUP,
     kinds={"parquet", "pyarrow"},
+    owners=OWNERS,
+    tags=stage("ingest"),
     code_version=CODE_VERSION,
 )
 def features(context: dg.AssetExecutionContext, data_root: DataRoot,

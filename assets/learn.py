@@ -32,7 +32,7 @@ from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.storage import DataRoot
 
-from .ingest import EMBEDDING, GROUP, ID, QUALITY, features
+from .ingest import EMBEDDING, GROUP, ID, OWNERS, QUALITY, features, stage
 from .partitions import shards
 
 CODE_VERSION = "mask-1"
@@ -122,6 +122,8 @@ def _fail(key: str, exc: Exception, what: str) -> dg.Failure:
     deps=[features],
     group_name=GROUP,
     kinds={"torch"},
+    owners=OWNERS,
+    tags=stage("learn"),
     code_version=CODE_VERSION,
     pool=GPU_POOL,
     # On Kubernetes (k8s_job_executor) the step's pod asks for the GPU: these tags travel with

@@ -28,7 +28,7 @@ import dagster as dg
 from datamask_pipeline.engine import storage
 from resources.storage import DataRoot
 
-from .ingest import ID, QUALITY
+from .ingest import FRESHNESS, ID, OWNERS, QUALITY, stage
 from .partitions import PARTITIONS_NAME
 from .select import selected_subset
 
@@ -174,6 +174,9 @@ def build_catalog(db_path: str, rows: list, missing: list, data_root: DataRoot, 
     deps=[selected_subset],
     group_name=GROUP,
     kinds={"duckdb"},
+    owners=OWNERS,
+    tags=stage("report"),
+    freshness_policy=FRESHNESS,
     code_version=CODE_VERSION,
 )
 def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg.MaterializeResult:

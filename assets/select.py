@@ -14,7 +14,7 @@ from datamask_pipeline.engine.data import DataContractError
 from resources.contract import DataContract
 from resources.storage import DataRoot
 
-from .ingest import GROUP, ID, QUALITY, features, raw_shard
+from .ingest import FRESHNESS, GROUP, ID, OWNERS, QUALITY, features, raw_shard, stage
 from .learn import mask
 from .partitions import shards
 
@@ -39,6 +39,9 @@ def raw_schema(uri: str):
     deps=[raw_shard, features, mask],
     group_name=GROUP,
     kinds={"parquet", "pyarrow"},
+    owners=OWNERS,
+    tags=stage("select"),
+    freshness_policy=FRESHNESS,
     code_version=CODE_VERSION,
 )
 def selected_subset(context: dg.AssetExecutionContext, data_root: DataRoot,

@@ -113,3 +113,22 @@ def test_definitions_load_without_torch_and_default_to_the_pipeline_profile():
     assert got["torch"] is False
     assert got["config"] == LearnerConfig.profile("pipeline").to_dict()
     assert got["config"]["solver"] == "auto"
+
+
+def test_assets_carry_owners_stage_tags_and_freshness():
+    """Every asset names its owners and its pipeline step; the selected rows and the corpus
+    catalog carry a freshness policy (warn after a day, fail after two)."""
+    from datetime import timedelta
+
+    graph = defs.resolve_asset_graph()
+    stages = {}
+    for key in graph.get_all_asset_keys():
+        node = graph.get(key)
+        assert node.owners == ["team:data-selection"], key
+        stages[key.to_user_string()] = node.tags.get("datamask/stage")
+    assert stages == {"raw_shard": "ingest", "features": "ingest", "mask": "learn",
+                      "selected_subset": "select", "corpus_summary": "report"}
+    for name in ("selected_subset", "corpus_summary"):
+        policy = graph.get(dg.AssetKey(name)).freshness_policy
+        assert policy.fail_window.to_timedelta() == timedelta(days=2)
+        assert policy.warn_window.to_timedelta() == timedelta(days=1)
