@@ -17,6 +17,7 @@ from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.storage import DataRoot
 
+from .failures import shard_failure_sensor
 from .jobs import corpus_summary_job, datamask_job
 from .schedules import refresh_stale_shards
 from .sensors import raw_shard_sensor
@@ -46,7 +47,7 @@ defs = dg.Definitions(
     assets=[raw_shard, features, mask, selected_subset, corpus_summary],
     asset_checks=[validate_features],
     jobs=[datamask_job, corpus_summary_job],
-    sensors=[raw_shard_sensor],
+    sensors=[raw_shard_sensor, shard_failure_sensor],
     schedules=[refresh_stale_shards],
     resources=resources_from_env(),
     # The chain is strictly sequential (features -> checks -> mask -> subset), so separate

@@ -24,6 +24,8 @@ Every default is a local path under the repository, so a newcomer needs no confi
 ``DATAMASK_EMBEDDING_COLUMN``
 ``DATAMASK_SCHEDULE_CRON``  cron of the refresh schedule; default ``0 3 * * *`` (daily)
 ``DATAMASK_SENSOR_INTERVAL_S``  seconds between raw-shard sensor evaluations (default 30)
+``DATAMASK_FAILURE_WEBHOOK``  optional http(s) URL: every failed run is POSTed there as JSON
+                            (shard, run id, job, reason) by ``shard_failure_sensor``
 ==========================  ==============================================================
 
 Dagster-free and cheap to import.
@@ -50,6 +52,7 @@ ENV_QUALITY_WEIGHTS = "DATAMASK_QUALITY_WEIGHTS"
 ENV_EMBEDDING_COLUMN = "DATAMASK_EMBEDDING_COLUMN"
 ENV_SCHEDULE_CRON = "DATAMASK_SCHEDULE_CRON"
 ENV_SENSOR_INTERVAL = "DATAMASK_SENSOR_INTERVAL_S"
+ENV_FAILURE_WEBHOOK = "DATAMASK_FAILURE_WEBHOOK"
 
 PRESETS = ("pipeline", "upstream", "cpu-demo")
 DEFAULT_CRON = "0 3 * * *"
