@@ -26,6 +26,7 @@ class RawScan:
 
     shards: dict = field(default_factory=dict)  # key -> uri
     invalid: list = field(default_factory=list)  # (uri, reason)
+    signatures: dict = field(default_factory=dict)  # key -> "<size>:<mtime ns>", from the listing
 
 
 def scan_raw(raw_root) -> RawScan:
@@ -33,7 +34,7 @@ def scan_raw(raw_root) -> RawScan:
     A file that is a symlink resolving outside ``raw_root`` is invalid (it could never be read:
     ``DataRoot.raw_shard`` refuses it)."""
     out = RawScan()
-    for uri in storage.list_files(raw_root, suffix=".parquet"):
+    for uri, (size, mtime_ns) in storage.list_file_infos(raw_root, suffix=".parquet").items():
         try:
             key = storage.partition_key_for(uri)
             storage.safe_child(raw_root, uri.rstrip("/").rsplit("/", 1)[-1], allow_subdirs=False)
@@ -41,15 +42,8 @@ def scan_raw(raw_root) -> RawScan:
             out.invalid.append((uri, str(exc)))
             continue
         out.shards[key] = uri
+        out.signatures[key] = f"{size}:{mtime_ns}"
     return out
-
-
-def file_signature(uri) -> str:
-    """``<size>:<mtime ns>`` of a file: changes when the file is replaced or rewritten."""
-    fs, path = storage.resolve(uri)
-    info = fs.get_file_info(path)
-    mtime = info.mtime_ns if info.mtime_ns is not None else 0
-    return f"{info.size}:{mtime}"
 
 
 def register_shards(instance: dg.DagsterInstance, raw_root) -> dict:

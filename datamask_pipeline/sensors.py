@@ -1,5 +1,6 @@
 """The raw-shard sensor: new raw files become partitions and get a run; changed files get a
-new run.
+new run; every new or changed file's ``size:mtime`` (from one listing, no per-file stat) is
+recorded as the data version of its ``raw_shard`` partition.
 
 Every evaluation lists ``<raw>/*.parquet``. A file whose name is not a valid partition key is
 logged and skipped. The cursor remembers each file's ``size:mtime`` signature, so a file that
@@ -13,12 +14,14 @@ import os
 
 import dagster as dg
 
-from assets.partitions import PARTITIONS_NAME, file_signature, scan_raw, shards
+from assets.partitions import PARTITIONS_NAME, scan_raw, shards
 from datamask_pipeline import settings
 from datamask_pipeline.engine.storage import StorageError
 from resources.storage import DataRoot
 
 from .jobs import datamask_job
+
+RAW_SHARD_KEY = dg.AssetKey("raw_shard")
 
 
 def _has_selection(instance: dg.DagsterInstance, key: str) -> bool:
@@ -46,7 +49,7 @@ def raw_shard_sensor(context: dg.SensorEvaluationContext, data_root: DataRoot):
         context.log.warning(f"ignoring {uri}: not a valid partition key ({reason})")
     seen = json.loads(context.cursor) if context.cursor else {}
     registered = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
-    signatures = {k: file_signature(u) for k, u in sorted(scan.shards.items())}
+    signatures = dict(sorted(scan.signatures.items()))  # size:mtime from the one listing
     new = [k for k in signatures if k not in registered]
     requests = []
     for key, sig in signatures.items():
@@ -62,8 +65,16 @@ def raw_shard_sensor(context: dg.SensorEvaluationContext, data_root: DataRoot):
                                       tags={"datamask/trigger": reason}))
     if new:
         context.log.info(f"registering {len(new)} new shard(s): {new[:20]}")
+    # raw_shard's data version per partition (what makes features stale in the UI when a raw
+    # file changes): recorded for every shard whose signature this sensor has not seen yet.
+    observations = [
+        dg.AssetObservation(asset_key=RAW_SHARD_KEY, partition=key,
+                            tags={"dagster/data_version": sig})
+        for key, sig in signatures.items() if seen.get(key) != sig
+    ]
     return dg.SensorResult(
         run_requests=requests,
+        asset_events=observations,
         dynamic_partitions_requests=[shards.build_add_request(new)] if new else [],
         cursor=json.dumps(signatures, sort_keys=True),
         skip_reason=None if requests or new else "no new or rewritten shards",

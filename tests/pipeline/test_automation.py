@@ -108,3 +108,36 @@ def test_sensor_first_look_at_shards_registered_by_the_cli(instance, registered,
     assert not tick.dynamic_partitions_requests
     assert {r.partition_key: r.tags["datamask/trigger"] for r in tick.run_requests} == {
         k: "registered shard without a selection" for k in registered[1:]}
+
+
+def _observed(instance, key):
+    recs = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=dg.AssetKey("raw_shard"), asset_partitions=[key]),
+        limit=1).records
+    return recs[0].asset_observation.data_version if recs else None
+
+
+def test_sensor_records_raw_shard_data_versions_from_one_listing(instance, corpus, data_root):
+    first = _tick(instance, data_root)
+    for event in first.asset_events:  # as the daemon does, before it adds the partitions
+        instance.report_runless_asset_event(event)
+    instance.add_dynamic_partitions(PARTITIONS_NAME, list(first.dynamic_partitions_requests[0].partition_keys))
+
+    def signature(key):
+        st = os.stat(data_root.raw_shard(key))
+        return f"{st.st_size}:{st.st_mtime_ns}"
+
+    assert {k: _observed(instance, k) for k in KEYS} == {k: signature(k) for k in KEYS}
+    # (Dagster 1.13 does not take these observations as the input data version of the
+    # partitioned features: measured, its dagster/input_data_version/raw_shard tag stays the
+    # default even for an observable source. The features' own content hash is what makes the
+    # mask stale after a re-ingestion.)
+
+    # an unchanged listing records nothing new; a rewritten file gets a new data version
+    second = _tick(instance, data_root, first.cursor)
+    assert not second.asset_events
+    later = time.time() + 60
+    os.utime(data_root.raw_shard(KEYS[0]), (later, later))
+    third = _tick(instance, data_root, second.cursor)
+    assert [(e.partition, e.tags["dagster/data_version"]) for e in third.asset_events] == [
+        (KEYS[0], signature(KEYS[0]))]

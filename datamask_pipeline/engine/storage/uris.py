@@ -187,10 +187,11 @@ def remove(uri, missing_ok: bool = True, recursive: bool = False) -> None:
             raise StorageError(f"{uri}: does not exist") from None
 
 
-def list_files(dir_uri, suffix: str | None = ".parquet") -> list[str]:
+def list_file_infos(dir_uri, suffix: str | None = ".parquet") -> dict:
     """Files directly inside ``dir_uri`` whose name ends with ``suffix`` (``None``/"" = all),
-    as sorted URIs in the same style as ``dir_uri``. Hidden names (``.x``: temp files of
-    in-flight atomic writes) are skipped."""
+    from one listing: {URI in the style of ``dir_uri``: (size, mtime ns)} in name order. Hidden
+    names (``.x``: temp files of in-flight atomic writes) are skipped. The listing already
+    carries size and mtime (LIST on S3), so no file is stat'ed one by one."""
     fs, path = resolve(dir_uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
@@ -198,7 +199,7 @@ def list_files(dir_uri, suffix: str | None = ".parquet") -> list[str]:
     if info.type != pafs.FileType.Directory and not isinstance(fs, pafs.S3FileSystem):
         raise StorageError(f"{dir_uri}: not a directory")
     sel = pafs.FileSelector(path, recursive=False, allow_not_found=True)
-    names = []
+    found = {}
     for fi in fs.get_file_info(sel):
         if fi.type != pafs.FileType.File:
             continue
@@ -207,8 +208,13 @@ def list_files(dir_uri, suffix: str | None = ".parquet") -> list[str]:
             continue
         if suffix and not name.endswith(suffix):
             continue
-        names.append(name)
-    return [join(dir_uri, n) for n in sorted(names)]
+        found[name] = (int(fi.size or 0), int(fi.mtime_ns or 0))
+    return {join(dir_uri, n): found[n] for n in sorted(found)}
+
+
+def list_files(dir_uri, suffix: str | None = ".parquet") -> list[str]:
+    """The URIs of :func:`list_file_infos`, sorted."""
+    return list(list_file_infos(dir_uri, suffix))
 
 
 def _sha256_path(fs: pafs.FileSystem, path: str) -> str:
