@@ -11,6 +11,10 @@ A shard is *stale* (first reason found wins) when
    schedule runs with (the defaults of ``MaskConfig``, so ``DATAMASK_PRESET`` counts);
 5. the raw file was modified after the latest ingestion, or the selected parquet is gone.
 
+The scan is batched: a few event-log queries per asset and one listing per location, whatever
+the number of shards, and one tick requests at most ``DATAMASK_SCHEDULE_MAX_RUNS`` runs
+(default 100; the rest wait for the next tick).
+
 Cron: env ``DATAMASK_SCHEDULE_CRON`` (default daily at 03:00). Stopped by default.
 """
 
@@ -28,48 +32,88 @@ from resources.storage import DataRoot
 
 from .jobs import datamask_job
 
+ENV_MAX_RUNS = "DATAMASK_SCHEDULE_MAX_RUNS"
+
 CHAIN = (features, mask, selected_subset)
+# Runs one tick may request; the rest wait for the next tick (a code or config change must not
+# launch every shard at once). Env DATAMASK_SCHEDULE_MAX_RUNS.
+DEFAULT_MAX_RUNS = 100
+ID_CHUNK = 1000  # storage ids per event-log query
 
 
-def latest_materialization(instance: dg.DagsterInstance, asset_key: dg.AssetKey, key: str):
-    recs = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[key]), limit=1
-    ).records
-    return recs[0] if recs else None
+def _latest_records(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys) -> dict:
+    """{partition: latest materialization record} for ``keys``: one query for the latest
+    storage ids of every partition, then the records by storage id in chunks."""
+    ids = instance.get_latest_storage_id_by_partition(
+        asset_key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(keys))
+    wanted = sorted(ids.values())
+    out = {}
+    for s in range(0, len(wanted), ID_CHUNK):
+        chunk = wanted[s : s + ID_CHUNK]
+        recs = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=asset_key, storage_ids=chunk), limit=len(chunk)).records
+        for rec in recs:
+            out[rec.partition_key] = rec
+    return out
+
+
+def _files(dir_uri: str) -> dict:
+    """{partition key: (size, mtime ns)} of ``<dir>/<key>.parquet``, from one listing."""
+    try:
+        infos = storage.list_file_infos(dir_uri, suffix=".parquet")
+    except storage.StorageError:  # not created yet: nothing there
+        return {}
+    return {uri.rstrip("/").rsplit("/", 1)[-1][: -len(".parquet")]: info for uri, info in infos.items()}
+
+
+def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
+                  expected_config_hash: str) -> dict:
+    """{key: why the shard needs a run} for every shard of ``keys`` that does (up-to-date ones
+    are left out). Three event-log queries per asset (not per shard) and one listing each of
+    the raw and the selected location, whatever the number of shards."""
+    keys = list(keys)
+    recs = {a.key: _latest_records(instance, a.key, keys) for a in CHAIN}
+    raw = _files(data_root.raw_root)
+    selected = _files(data_root.selected_root)
+    current = {a.key: a.code_versions_by_key[a.key] for a in CHAIN}
+    out = {}
+    for key in keys:
+        feats, msk, sel = (recs[a.key].get(key) for a in CHAIN)
+        if sel is None:
+            out[key] = "missing: no selected subset yet"
+        elif feats is None or msk is None:
+            out[key] = "missing: an upstream step was never materialized"
+        elif feats.storage_id > msk.storage_id:
+            out[key] = "stale: features were re-materialized after the mask"
+        elif msk.storage_id > sel.storage_id:
+            out[key] = "stale: the mask was re-materialized after the selected subset"
+        else:
+            reason = None
+            for asset_def, rec in zip(CHAIN, (feats, msk, sel)):
+                got = rec.asset_materialization.tags.get("dagster/code_version")
+                if got != current[asset_def.key]:
+                    reason = (f"stale: code version of {asset_def.key.to_user_string()} changed "
+                              f"({got} -> {current[asset_def.key]})")
+                    break
+            if reason is None:
+                entry = msk.asset_materialization.metadata.get("config_hash")
+                got_hash = None if entry is None else str(entry.value)
+                if got_hash != expected_config_hash:
+                    reason = (f"stale: config hash {got_hash} differs from the scheduled config "
+                              f"{expected_config_hash}")
+            if reason is None and key in raw and raw[key][1] / 1e9 > feats.timestamp:
+                reason = "stale: the raw shard was modified after ingestion"
+            if reason is None and key not in selected:
+                reason = "missing: the selected parquet file is gone"
+            if reason is not None:
+                out[key] = reason
+    return out
 
 
 def stale_reason(instance: dg.DagsterInstance, key: str, data_root: DataRoot,
                  expected_config_hash: str) -> str | None:
     """Why shard ``key`` needs a run, or None when its selection is up to date."""
-    recs = {a.key: latest_materialization(instance, a.key, key) for a in CHAIN}
-    feats, msk, sel = (recs[a.key] for a in CHAIN)
-    if sel is None:
-        return "missing: no selected subset yet"
-    if feats is None or msk is None:
-        return "missing: an upstream step was never materialized"
-    if feats.storage_id > msk.storage_id:
-        return "stale: features were re-materialized after the mask"
-    if msk.storage_id > sel.storage_id:
-        return "stale: the mask was re-materialized after the selected subset"
-    for asset_def in CHAIN:
-        current = asset_def.code_versions_by_key[asset_def.key]
-        got = recs[asset_def.key].asset_materialization.tags.get("dagster/code_version")
-        if got != current:
-            return (f"stale: code version of {asset_def.key.to_user_string()} changed "
-                    f"({got} -> {current})")
-    entry = msk.asset_materialization.metadata.get("config_hash")
-    got_hash = None if entry is None else str(entry.value)
-    if got_hash != expected_config_hash:
-        return f"stale: config hash {got_hash} differs from the scheduled config {expected_config_hash}"
-    raw = data_root.raw_shard(key)
-    if storage.exists(raw):
-        fs, path = storage.resolve(raw)
-        mtime_ns = fs.get_file_info(path).mtime_ns
-        if mtime_ns is not None and mtime_ns / 1e9 > feats.timestamp:
-            return "stale: the raw shard was modified after ingestion"
-    if not storage.exists(data_root.selected(key)):
-        return "missing: the selected parquet file is gone"
-    return None
+    return stale_reasons(instance, [key], data_root, expected_config_hash).get(key)
 
 
 @dg.schedule(
@@ -85,14 +129,15 @@ def refresh_stale_shards(context: dg.ScheduleEvaluationContext, data_root: DataR
     # One run per shard and tick: the run key dedupes re-evaluations of the same tick, while
     # a shard that is still stale at the next tick gets a new run.
     tick = context.scheduled_execution_time.isoformat()
-    requests = []
-    for key in sorted(context.instance.get_dynamic_partitions(PARTITIONS_NAME)):
-        reason = stale_reason(context.instance, key, data_root, expected)
-        if reason is None:
-            continue
-        context.log.info(f"{key}: {reason}")
-        requests.append(dg.RunRequest(partition_key=key, run_key=f"{key}@{tick}",
-                                      tags={"datamask/reason": reason[:200]}))
-    if not requests:
+    keys = sorted(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
+    reasons = stale_reasons(context.instance, keys, data_root, expected)
+    if not reasons:
         return dg.SkipReason("every registered shard has an up-to-date selection")
-    return requests
+    cap = settings.env_int(ENV_MAX_RUNS) or DEFAULT_MAX_RUNS
+    launch = sorted(reasons)[:cap]
+    context.log.info(
+        f"{len(reasons)} of {len(keys)} shard(s) need a run; requesting {len(launch)} this tick "
+        f"(at most {cap}, {ENV_MAX_RUNS}); first: "
+        + "; ".join(f"{k}: {reasons[k]}" for k in launch[:10]))
+    return [dg.RunRequest(partition_key=key, run_key=f"{key}@{tick}",
+                          tags={"datamask/reason": reasons[key][:200]}) for key in launch]

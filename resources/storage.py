@@ -70,6 +70,11 @@ class DataRoot(dg.ConfigurableResource):
     def selected(self, key: str) -> str:
         return self._child("selected", f"{self._key(key)}.parquet")
 
+    @property
+    def selected_root(self) -> str:
+        """Where the selected subsets live (``selected/<key>.parquet``)."""
+        return self._child("selected")
+
     def report_dir(self, key: str) -> str:
         return self._child("reports", self._key(key))
 

@@ -141,3 +141,9 @@ def test_sensor_records_raw_shard_data_versions_from_one_listing(instance, corpu
     third = _tick(instance, data_root, second.cursor)
     assert [(e.partition, e.tags["dagster/data_version"]) for e in third.asset_events] == [
         (KEYS[0], signature(KEYS[0]))]
+
+
+def test_schedule_requests_at_most_the_cap_per_tick(registered, instance, data_root, monkeypatch):
+    monkeypatch.setenv("DATAMASK_SCHEDULE_MAX_RUNS", "2")
+    reqs, _ = _schedule(instance, data_root)
+    assert sorted(reqs) == sorted(registered)[:2]  # the third waits for the next tick
