@@ -41,6 +41,8 @@ FRESHNESS = dg.FreshnessPolicy.time_window(fail_window=timedelta(days=2), warn_w
 def stage(name: str) -> dict:
     """The tags of an asset of pipeline step ``name`` (ingest, validate, learn, select, report)."""
     return {"datamask/stage": name}
+
+
 CODE_VERSION = "features-1"
 BATCH_ROWS = 65536
 # Row groups of the features file. Readers (the DuckDB checks) hold about one row group per
