@@ -208,3 +208,17 @@ def test_dagster_dev_graphql_and_cli_backfill(cli_env, tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         log.close()
+
+
+def test_dg_check_list_and_launch(cli_env):
+    """The `dg` command line on this layout (datamask_pipeline/, assets/, resources/): the
+    definitions check and list, and `dg launch` materializes one shard's features."""
+    _run([str(BIN / "dg"), "check", "defs"], cli_env)
+    listed = json.loads(_run([str(BIN / "dg"), "list", "defs", "--json"], cli_env).stdout)
+    assert {a["asset_key"] for a in listed["assets"]} == {
+        "raw_shard", "features", "mask", "selected_subset", "corpus_summary"}
+    _register(cli_env)
+    _run([str(BIN / "dg"), "launch", "--assets", "features", "--partition", "shard_001"], cli_env)
+    data = Path(cli_env["DATAMASK_DATA_ROOT"])
+    assert (data / "features" / "shard_001.parquet").is_file()
+    assert not (data / "features" / "shard_000.parquet").exists()
