@@ -197,7 +197,7 @@ def main(argv=None) -> int:
                                            else repo / "bench" / "results" / "tmp" / opts.mode)
     import torch
 
-    from datamask_pipeline.engine.learner import resolve_device
+    from datamask_pipeline.engine.device import resolve_device
 
     from . import common, kernels, time_to_greedy as ttg
 

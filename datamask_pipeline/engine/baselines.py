@@ -30,14 +30,13 @@ def random_selection(n: int, k: int, seed: int = 0) -> np.ndarray:
 
 def quality_topk(q, k: int, ids=None) -> np.ndarray:
     """The k highest-quality indices (sorted), ties broken by id (or index) ascending."""
-    from .ranking import id_rank as _id_rank
+    from .ranking import order_by
 
     q = q.detach().cpu().numpy() if torch.is_tensor(q) else np.asarray(q)
     n = q.shape[0]
     if not (0 < k <= n):
         raise ValueError(f"need 0 < k <= n, got k={k}, n={n}")
-    order = np.lexsort((_id_rank(ids, n), -q.astype(np.float64)))
-    return np.sort(order[:k]).astype(np.int64)
+    return np.sort(order_by(q, ids)[:k]).astype(np.int64)
 
 
 def _prepare(x, q, device, dtype):

@@ -24,7 +24,7 @@ import torch
 
 from .config import ConfigError, LearnerConfig
 from .device import DeviceError, device_memory, resolve_device  # noqa: F401 (re-exported)
-from .ranking import id_rank as _id_rank, quality_pool, readout  # noqa: F401
+from .ranking import order_by, quality_pool, ranks, readout
 from .objectives import Batch, default_mem_budget, score, tensor_of
 
 CHECKPOINT_FORMAT = 1
@@ -331,10 +331,8 @@ def learn(
         # f = f_qua is modular: quality top-k is its exact maximiser; sampling would only
         # approximate it. Logits = minus the quality rank (ties by id), exact in float32.
         pool_np = pool.cpu().numpy()
-        order = np.lexsort((_id_rank(ids, n)[pool_np], -q_np[pool_np]))
-        qrank = np.empty(P, dtype=np.float32)
-        qrank[order] = np.arange(P, dtype=np.float32)
-        logits[pool] = torch.as_tensor(-qrank, device=dev)
+        qrank = ranks(order_by(q_np[pool_np], None if ids is None else np.asarray(ids)[pool_np]))
+        logits[pool] = torch.as_tensor(-qrank.astype(np.float32), device=dev)
         start_step = end_step = T
         exact_topk = True
     else:

@@ -31,7 +31,7 @@ import torch
 from . import terms
 from .objectives import default_mem_budget
 
-__all__ = ["polish", "polish_readout", "best_swap", "PolishResult"]
+__all__ = ["polish", "best_swap", "PolishResult"]
 
 # The smallest selection polished: the swap identities need k >= 3 (facility's best and
 # second-best coverage, DiSF's downdate to k - 1 >= 2 samples).
@@ -156,24 +156,3 @@ def best_swap(x, q, selected, algorithm, lamb: float = 0.5, *, device="cpu",
         q64=q64, members=idx, allowed=_allowed_mask(allowed, n, xt.device), lamb=float(lamb),
         tol=_tol(xt.dtype))
     return term.best_swap(ctx)
-
-
-def polish_readout(x, q, logits: np.ndarray, selected: np.ndarray, cfg, *, ids=None,
-                   device="cpu", mem_budget: int | None = None):
-    """The learner's hook for solver ``paper+polish``: polish the read-out ``selected`` (bool)
-    on the whole shard, only admitting samples of the learning pool (finite logits). Returns
-    (selected bool, rank, info): the polished selection ranks first (by logit, ties by id),
-    then the rest by logit, so ``rank < k`` is the selection. Logits are left as learned."""
-    from .ranking import id_rank as _id_rank
-
-    allowed = np.isfinite(logits)
-    term = cfg.diversity_term() if hasattr(cfg, "diversity_term") else cfg.algorithm
-    res = polish(x, q, np.flatnonzero(selected), term, cfg.lamb, device=device,
-                 allowed=allowed, mem_budget=mem_budget)
-    n = logits.shape[0]
-    sel = np.zeros(n, dtype=bool)
-    sel[res.selected] = True
-    order = np.lexsort((_id_rank(ids, n), -logits.astype(np.float64), ~sel))
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
-    return sel, rank, res.as_dict()

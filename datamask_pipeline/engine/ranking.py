@@ -15,13 +15,34 @@ def id_rank(ids, n: int) -> np.ndarray:
     return r
 
 
+def order_by(values, ids=None, first=None) -> np.ndarray:
+    """Row indices by ``values`` descending, ties by id ascending (by index without ids); with
+    ``first`` (bool per row), those rows come before all others, each part ordered alike."""
+    values = np.asarray(values)
+    n = values.shape[0]
+    keys = [id_rank(ids, n), -values.astype(np.float64)]
+    if first is not None:
+        keys.append(~np.asarray(first, dtype=bool))
+    return np.lexsort(tuple(keys))
+
+
+def ranks(order: np.ndarray) -> np.ndarray:
+    """The rank of every row (0 = first) from an ordering of the rows."""
+    rank = np.empty(order.shape[0], dtype=np.int64)
+    rank[order] = np.arange(order.shape[0])
+    return rank
+
+
 def readout(logits: np.ndarray, k: int, ids=None) -> tuple[np.ndarray, np.ndarray]:
     """Top-k by logit, ties by id ascending. Returns (selected bool, rank)."""
-    n = logits.shape[0]
-    order = np.lexsort((id_rank(ids, n), -logits.astype(np.float64)))
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
+    rank = ranks(order_by(logits, ids))
     return rank < k, rank
+
+
+def rank_selection_first(selected: np.ndarray, logits: np.ndarray, ids=None) -> np.ndarray:
+    """Ranks with the ``selected`` rows first, each part by logit (descending), ties by id, so
+    that ``rank < k`` is the selection."""
+    return ranks(order_by(logits, ids, first=selected))
 
 
 def quality_pool(q: np.ndarray, prune_ratio: float, ids=None) -> np.ndarray:
@@ -30,5 +51,4 @@ def quality_pool(q: np.ndarray, prune_ratio: float, ids=None) -> np.ndarray:
     drop = int(prune_ratio * n)
     if drop == 0:
         return np.arange(n)
-    order = np.lexsort((id_rank(ids, n), -q.astype(np.float64)))
-    return np.sort(order[: n - drop])
+    return np.sort(order_by(q, ids)[: n - drop])

@@ -18,7 +18,7 @@ import torch
 
 from .config import LEARNING_SOLVERS, LearnerConfig
 from .device import resolve_device
-from .ranking import id_rank, quality_pool, readout
+from .ranking import quality_pool, rank_selection_first, readout
 
 __all__ = ["Score", "Selection", "select_shard", "score_selection", "route_for"]
 
@@ -110,15 +110,6 @@ def route_for(cfg: LearnerConfig, n: int, device: torch.device | str = "cpu") ->
     return solver, "; ".join(why) or None
 
 
-def _rank_with(selected: np.ndarray, logits: np.ndarray, ids) -> np.ndarray:
-    """Rank rows: the selection first, each part by logit (descending), ties by id."""
-    n = logits.shape[0]
-    order = np.lexsort((id_rank(ids, n), -logits.astype(np.float64), ~selected))
-    rank = np.empty(n, dtype=np.int64)
-    rank[order] = np.arange(n)
-    return rank
-
-
 def _mask(n: int, idx) -> np.ndarray:
     sel = np.zeros(n, dtype=bool)
     sel[np.asarray(idx, dtype=np.int64)] = True
@@ -170,13 +161,14 @@ def select_shard(
     timings: dict = {}
     pool = quality_pool(q.astype(np.float64), cfg.prune_ratio, ids)
     allowed = _mask(n, pool)
+    # the shard's quality top-k; pruning keeps the best by the same order, so it is the pool's too
+    topk = quality_topk(q, k, ids)
 
     history: list = []
     steps, resumed_from, polish_info = 0, None, None
     learner_readout = None
     if route in LEARNING_SOLVERS:
-        res = learn(x, q, cfg.replace(solver="paper") if route != cfg.solver else cfg,
-                    ids=ids, device=dev, dtype=dtype, checkpoint_path=checkpoint_path,
+        res = learn(x, q, cfg, ids=ids, device=dev, dtype=dtype, checkpoint_path=checkpoint_path,
                     checkpoint_every=checkpoint_every, progress=progress,
                     progress_every=progress_every, mem_budget=mem_budget, on_eval=on_eval,
                     eval_every=eval_every, max_steps=max_steps)
@@ -190,7 +182,7 @@ def select_shard(
         logits[pool] = initial_logits(qt, "quality").numpy()
         t0 = time.perf_counter()
         if route in ("topk", "topk+polish"):
-            start = pool[quality_topk(q[pool], k, None if ids is None else np.asarray(ids)[pool])]
+            start = topk
         elif route == "sgreedy+polish":
             start = pool[stochastic_greedy(x[pool], q[pool], k, term, cfg.lamb, seed=cfg.seed,
                                            device=dev, mem_budget=mem_budget)]
@@ -214,7 +206,6 @@ def select_shard(
     # ---- whole-shard scores (V = all n rows)
     t0 = time.perf_counter()
     ground = make_ground_set(x, q, device=dev, mem_budget=mem_budget)
-    topk = quality_topk(q, k, ids)
     scores = {"selection": score_selection(ground, chosen, term, cfg.lamb),
               "quality_topk": score_selection(ground, topk, term, cfg.lamb)}
     if learner_readout is not None:
@@ -240,7 +231,7 @@ def select_shard(
         selected, rank = readout(logits, k, ids)  # top-k by logit, ties by id
     else:
         selected = _mask(n, chosen)
-        rank = _rank_with(selected, logits, ids)
+        rank = rank_selection_first(selected, logits, ids)
     timings["total_s"] = time.perf_counter() - t_start
     return Selection(
         selected=selected, rank=rank, logits=np.asarray(logits, dtype=np.float32),
