@@ -26,7 +26,12 @@ class RawScan:
 
     shards: dict = field(default_factory=dict)  # key -> uri
     invalid: list = field(default_factory=list)  # (uri, reason)
-    signatures: dict = field(default_factory=dict)  # key -> "<size>:<mtime ns>", from the listing
+    files: dict = field(default_factory=dict)  # key -> (size, mtime ns), from the one listing
+
+    def signature(self, key: str) -> str:
+        """``<size>:<mtime ns>``: changes when the file is replaced or rewritten."""
+        size, mtime_ns = self.files[key]
+        return f"{size}:{mtime_ns}"
 
 
 def scan_raw(raw_root) -> RawScan:
@@ -34,7 +39,7 @@ def scan_raw(raw_root) -> RawScan:
     A file that is a symlink resolving outside ``raw_root`` is invalid (it could never be read:
     ``DataRoot.raw_shard`` refuses it)."""
     out = RawScan()
-    for uri, (size, mtime_ns) in storage.list_file_infos(raw_root, suffix=".parquet").items():
+    for uri, info in storage.list_file_infos(raw_root, suffix=".parquet").items():
         try:
             key = storage.partition_key_for(uri)
             storage.safe_child(raw_root, uri.rstrip("/").rsplit("/", 1)[-1], allow_subdirs=False)
@@ -42,7 +47,7 @@ def scan_raw(raw_root) -> RawScan:
             out.invalid.append((uri, str(exc)))
             continue
         out.shards[key] = uri
-        out.signatures[key] = f"{size}:{mtime_ns}"
+        out.files[key] = info
     return out
 
 

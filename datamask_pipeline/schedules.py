@@ -24,7 +24,7 @@ import dagster as dg
 
 from assets.ingest import features
 from assets.learn import mask, scheduled_config_hash
-from assets.partitions import PARTITIONS_NAME
+from assets.partitions import PARTITIONS_NAME, scan_raw
 from assets.select import selected_subset
 from datamask_pipeline import settings
 from datamask_pipeline.engine import storage
@@ -57,13 +57,13 @@ def _latest_records(instance: dg.DagsterInstance, asset_key: dg.AssetKey, keys) 
     return out
 
 
-def _files(dir_uri: str) -> dict:
-    """{partition key: (size, mtime ns)} of ``<dir>/<key>.parquet``, from one listing."""
+def _selected_files(data_root: DataRoot) -> set:
+    """Partition keys with a selected parquet file, from one listing."""
     try:
-        infos = storage.list_file_infos(dir_uri, suffix=".parquet")
+        uris = storage.list_files(data_root.selected_root, suffix=".parquet")
     except storage.StorageError:  # not created yet: nothing there
-        return {}
-    return {uri.rstrip("/").rsplit("/", 1)[-1][: -len(".parquet")]: info for uri, info in infos.items()}
+        return set()
+    return {storage.partition_key_for(u) for u in uris}
 
 
 def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
@@ -73,8 +73,11 @@ def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
     the raw and the selected location, whatever the number of shards."""
     keys = list(keys)
     recs = {a.key: _latest_records(instance, a.key, keys) for a in CHAIN}
-    raw = _files(data_root.raw_root)
-    selected = _files(data_root.selected_root)
+    try:
+        raw = scan_raw(data_root.raw_root).files
+    except storage.StorageError:
+        raw = {}
+    selected = _selected_files(data_root)
     current = {a.key: a.code_versions_by_key[a.key] for a in CHAIN}
     out = {}
     for key in keys:

@@ -49,7 +49,7 @@ def raw_shard_sensor(context: dg.SensorEvaluationContext, data_root: DataRoot):
         context.log.warning(f"ignoring {uri}: not a valid partition key ({reason})")
     seen = json.loads(context.cursor) if context.cursor else {}
     registered = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
-    signatures = dict(sorted(scan.signatures.items()))  # size:mtime from the one listing
+    signatures = {k: scan.signature(k) for k in sorted(scan.files)}  # from the one listing
     new = [k for k in signatures if k not in registered]
     requests = []
     for key, sig in signatures.items():
