@@ -185,7 +185,7 @@ class LearnerConfig(BaseModel):
         if learning is None:
             learning = self.solver in LEARNING_SOLVERS
         if learning:
-            min_k = max(self.diversity_term_min_k(), 1)
+            min_k = max(self.diversity_term().min_k, 1)  # a Mixture's is its parts' largest
             if k_batch < min_k:
                 raise ConfigError(
                     f"partial={self.partial} gives batches of {m} rows and masks of k'={k_batch} "
@@ -197,11 +197,6 @@ class LearnerConfig(BaseModel):
                     f"k'={k_batch} with anything left to choose: raise partial"
                 )
         return {"n": n, "k": k, "pool": pool, "batch": m, "k_batch": k_batch}
-
-    def diversity_term_min_k(self) -> int:
-        from . import terms
-
-        return max(terms.get(name).min_k for name in self.term_spec)
 
     # ------------------------------------------------------------- identity
     def to_dict(self) -> dict:
