@@ -6,6 +6,10 @@
 
 Writes the selected rows (every input column) to ``--output`` atomically and prints a JSON
 summary. Exit code 2 on bad input or configuration, with the reason on stderr.
+
+A shard with a text column (``--text-column``, default ``text``) and no embedding column is
+embedded first (``--embedding-model``, default ``wordllama``, offline); ``--write-embeddings``
+adds the computed vectors to the output as ``--embedding-column``.
 """
 
 from __future__ import annotations
@@ -78,6 +82,25 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--quality-weights", default=None,
                     help="comma-separated weights for the quality columns")
     ex.add_argument("--embedding-column", default="feature_arr")
+    emb = p.add_argument_group("text-only shards (no embedding column)")
+    emb.add_argument("--text-column", default="text",
+                     help="text column embedded when the shard has no embedding column "
+                          "(default text; '' requires embeddings)")
+    emb.add_argument("--embedding-model", default="wordllama",
+                     help="wordllama (default; ships in its package, offline; wordllama:128 or "
+                          ":64 for fewer dimensions) or a sentence-transformers model name or "
+                          "local directory")
+    emb.add_argument("--embed-max-tokens", type=int, default=None,
+                     help="tokens embedded per text (per window with --embed-pooling chunks); "
+                          "default: the model's limit (512 for wordllama)")
+    emb.add_argument("--embed-pooling", default="truncate", choices=("truncate", "chunks"),
+                     help="long texts: truncate at the token limit (default) or embed windows "
+                          "and average them")
+    emb.add_argument("--embed-checkpoint", default=None,
+                     help="directory for the embedding chunks; a rerun reuses the chunks "
+                          "already there (default: a temporary directory)")
+    emb.add_argument("--write-embeddings", action="store_true",
+                     help="add the computed embeddings to the output (as --embedding-column)")
     ex.add_argument("--expected-dim", type=int, default=None)
     ex.add_argument("--quality-min", type=float, default=None,
                     help="declared lower bound of every quality column (inclusive); a shard "
@@ -125,6 +148,46 @@ class ProgressBar:
             self.bar.close()
 
 
+class EmbedProgressBar:
+    """The embedding step's progress as a tqdm bar on stderr (rows)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.bar = None
+
+    def __call__(self, p) -> None:
+        from tqdm import tqdm
+
+        if self.bar is None:
+            self.bar = tqdm(total=p.rows, file=self.stream, desc="embed", unit="row",
+                            mininterval=1.0, dynamic_ncols=True)
+        self.bar.set_postfix_str(f"chunks {p.chunks_done}/{p.chunks} reused={p.reused}",
+                                 refresh=False)
+        self.bar.update(p.rows_done - self.bar.n)
+        if p.rows_done >= p.rows:
+            self.bar.close()
+
+
+def _add_embeddings(output: str, shard, selected) -> None:
+    """Rewrite ``output`` (the selected rows, in input order) with the computed embeddings as
+    one more column, published atomically."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from . import storage
+
+    fs, path = storage.resolve(output)
+    with fs.open_input_file(path) as fh:
+        table = pq.read_table(fh)
+    x = shard.embeddings[selected]  # (k, d), input order like the output rows
+    ids = table.column(shard.columns.id).to_numpy(zero_copy_only=False)
+    if not np.array_equal(ids, shard.ids[selected]):
+        raise RuntimeError(f"{output}: rows are not the selected ids in input order")
+    col = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+    storage.atomic_write_table(table.append_column(shard.columns.embedding, col), output)
+
+
 def run(args) -> dict:
     import pyarrow as pa
     import torch
@@ -148,12 +211,22 @@ def run(args) -> dict:
                 f"--quality-weights has {len(weights)} values for {len(qcols)} quality columns"
             )
     columns = Columns(id=args.id_column, quality=qcols, quality_weights=weights,
-                      embedding=args.embedding_column)
+                      embedding=args.embedding_column, text=args.text_column or None)
     qrange = None
     if args.quality_min is not None or args.quality_max is not None:
         qrange = (args.quality_min, args.quality_max)
+
+    def embedder():
+        from .embed import load_embedder
+
+        return load_embedder(args.embedding_model, max_tokens=args.embed_max_tokens,
+                             pooling=args.embed_pooling,
+                             device=None if device.type == "cpu" else str(device))
+
     shard = read_shard(args.input, columns=columns, expected_dim=args.expected_dim,
-                       quality_range=qrange)
+                       quality_range=qrange, embedder=embedder,
+                       embed_checkpoint=args.embed_checkpoint,
+                       embed_progress=None if args.no_progress else EmbedProgressBar())
     cfg.validate(shard.n)
 
     dtype = torch.float32
@@ -170,6 +243,8 @@ def run(args) -> dict:
     )
     written = storage.write_selected_rows(args.input, args.output, shard.ids[sel.selected],
                                           columns.id)
+    if args.write_embeddings and shard.embedded is not None:
+        _add_embeddings(args.output, shard, sel.selected)
     if args.masks_output:
         storage.atomic_write_table(
             pa.table({
@@ -200,6 +275,7 @@ def run(args) -> dict:
         "config": cfg.to_dict(),
         "config_hash": sel.config_hash,
         "objective": {"lamb": cfg.lamb, **{name: s.as_dict() for name, s in sel.scores.items()}},
+        "embedding": None if shard.embedded is None else shard.embedded.metadata(),
         "total_time_s": round(time.perf_counter() - t0, 3),
     }
 

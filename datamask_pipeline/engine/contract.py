@@ -13,12 +13,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = ["Rule", "RULES", "BY_NAME", "ID", "QUALITY", "EMBEDDING", "DEFAULT_NAMES",
-           "rule_quality_range", "rule_expected_dim", "contract_table_markdown"]
+           "rule_quality_range", "rule_expected_dim", "contract_table_markdown",
+           "TEXT", "TEXT_RULES", "text_contract_table_markdown"]
 
 # Column roles. The raw shard's names come from ``data.Columns`` (defaults below); the pipeline's
 # canonical features file uses the role names themselves.
 ID, QUALITY, EMBEDDING = "id", "quality", "embedding"
-DEFAULT_NAMES = {ID: "chunk_id", QUALITY: "quality_score", EMBEDDING: "feature_arr"}
+# TEXT: the column a text-only shard (no embedding column) is embedded from (``engine.embed``).
+TEXT = "text"
+DEFAULT_NAMES = {ID: "chunk_id", QUALITY: "quality_score", EMBEDDING: "feature_arr", TEXT: "text"}
 
 SCOPES = ("file", "type", "shard", "rows", "groups")
 OPERANDS = ("column", "values", "lengths", "vectors")
@@ -106,8 +109,9 @@ R = Rule
 READABLE = R("not a readable parquet file", (), "file", "the file opens and reads as parquet")
 PRESENT = R(
     "column present", (ID, QUALITY, EMBEDDING), "type",
-    "the id, quality and embedding columns exist; any other column (`text`, `source`, …) is "
-    "allowed, not checked, and copied untouched to the selected subset",
+    "the id, quality and embedding columns exist, or instead of the embedding column the "
+    "text column `text`, which is then embedded (see *Text-only shards*); any other column "
+    "(`source`, …) is allowed, not checked, and copied untouched to the selected subset",
     arrow=lambda t: t is None, detail="available columns: {names}")
 ID_TYPE = R("id column is integer or string", (ID,), "type", "ids are integers or strings",
             arrow=lambda t: not (pa.types.is_integer(t) or _is_string(t)),
@@ -197,4 +201,74 @@ def contract_table_markdown() -> str:
         where = ", ".join(f"`{DEFAULT_NAMES[c]}`" for c in r.columns)
         where = where or ("the file" if r.scope == "file" else "the shard")
         lines.append(f"| `{r.label}` | {where} | {r.description} |")
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ text-only shards
+# A shard without its embedding column but with a text column is embedded from the text
+# (``engine.embed``). These rules apply to that text, while it is embedded, and only then (a
+# shard that carries embeddings never has its text read). None has SQL: the canonical features
+# file holds no text. A very long document is no violation: it is truncated at the embedding
+# model's token limit (``max_tokens``), or embedded window by window and averaged when the
+# pooling is ``chunks``; the number of truncated rows is reported.
+def _is_binary(t) -> bool:
+    return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
+
+
+def _invalid_utf8(col) -> np.ndarray:
+    """True where a value is not valid UTF-8 (a vectorised validation first; the per-value
+    decode runs only when it fails, to name the rows)."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    try:
+        col.cast(pa.large_string()).validate(full=True)
+        return np.zeros(len(col), dtype=bool)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        pass
+    out = np.zeros(len(col), dtype=bool)
+    for i, v in enumerate(col.cast(pa.large_binary()).to_pylist()):
+        if v is not None:
+            try:
+                v.decode("utf-8")
+            except UnicodeDecodeError:
+                out[i] = True
+    return out
+
+
+def _blank(col):
+    """True where a (valid UTF-8) text is empty or whitespace only."""
+    return pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0)
+
+
+R = Rule
+TEXT_TYPE = R("text column is a string", (TEXT,), "type",
+              "a text-only shard's text is a string column (binary is decoded as UTF-8)",
+              arrow=lambda t: not (_is_string(t) or _is_binary(t)), detail="found type {type}")
+TEXT_NULL = R("non-null text", (TEXT,), "rows", "no text is null",
+              arrow=pc.is_null, operand="column")
+TEXT_UTF8 = R("text is valid UTF-8", (TEXT,), "rows",
+              "every text decodes as UTF-8 (binary columns are decoded; string columns are "
+              "UTF-8 by type, but a writer can store invalid bytes)",
+              arrow=_invalid_utf8, operand="column")
+TEXT_BLANK = R("non-blank text", (TEXT,), "rows",
+               "no text is empty or whitespace only: it would embed to a zero or meaningless "
+               "vector, and every row must stay selectable, so such rows are named, not dropped",
+               arrow=_blank, operand="column")
+del R
+
+# In the order ``engine.embed`` checks them (after the id and quality columns' own rules).
+TEXT_RULES = (TEXT_TYPE, TEXT_NULL, TEXT_UTF8, TEXT_BLANK)
+assert not set(r.name for r in TEXT_RULES) & set(BY_NAME)
+
+# When a shard has neither its embedding column nor a text column: the ``column present``
+# rule's message names both.
+NO_EMBEDDING_NOR_TEXT = ("neither the embedding column {embedding!r} nor a text column {text!r} "
+                         "to compute embeddings from exists; available columns: {names}")
+
+
+def text_contract_table_markdown() -> str:
+    """The README's table of the text rules (text-only shards), in the order they apply."""
+    lines = ["| rule (as in error messages) | column (default name) | requirement |",
+             "|---|---|---|"]
+    for r in TEXT_RULES:
+        lines.append(f"| `{r.label}` | `{DEFAULT_NAMES[TEXT]}` | {r.description} |")
     return "\n".join(lines) + "\n"

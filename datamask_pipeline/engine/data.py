@@ -64,6 +64,9 @@ class Columns:
     quality: tuple = (C.DEFAULT_NAMES[C.QUALITY],)
     quality_weights: tuple | None = None
     embedding: str = C.DEFAULT_NAMES[C.EMBEDDING]
+    # A shard without the embedding column but with this text column is embedded from its text
+    # (``engine.embed``); None: embeddings are required.
+    text: str | None = C.DEFAULT_NAMES[C.TEXT]
 
     def __post_init__(self):
         q = self.quality
@@ -82,7 +85,7 @@ class Columns:
             if not all(math.isfinite(x) for x in w):
                 raise ValueError(f"Columns.quality_weights must be finite, got {w}")
             object.__setattr__(self, "quality_weights", w)
-        for name in (self.id, self.embedding):
+        for name in (self.id, self.embedding) + (() if self.text is None else (self.text,)):
             if not isinstance(name, str) or not name:
                 raise ValueError(f"column names must be non-empty strings, got {name!r}")
 
@@ -92,7 +95,17 @@ class Columns:
 
     def of(self, role: str) -> tuple:
         """The column name(s) of a contract role (``contract.ID``, ``QUALITY``, ``EMBEDDING``)."""
-        return {C.ID: (self.id,), C.QUALITY: self.quality, C.EMBEDDING: (self.embedding,)}[role]
+        return {C.ID: (self.id,), C.QUALITY: self.quality, C.EMBEDDING: (self.embedding,),
+                C.TEXT: () if self.text is None else (self.text,)}[role]
+
+    def source(self, names) -> str | None:
+        """Where a shard with columns ``names`` gets its embeddings: ``contract.EMBEDDING`` (it
+        carries them; preferred), ``contract.TEXT`` (embedded from its text) or None."""
+        if self.embedding in names:
+            return C.EMBEDDING
+        if self.text is not None and self.text in names:
+            return C.TEXT
+        return None
 
     def needed(self) -> list:
         out = []
@@ -112,6 +125,8 @@ class Shard:
     quality: np.ndarray
     embeddings: np.ndarray
     columns: Columns = Columns()
+    # engine.embed.EmbedResult when the embeddings were computed from the text, else None
+    embedded: object = None
 
     @property
     def n(self) -> int:
@@ -123,19 +138,33 @@ class Shard:
 
 
 # ------------------------------------------------------------------ schema checks
-def check_schema(schema: pa.Schema, path: str, columns: Columns) -> None:
+def check_schema(schema: pa.Schema, path: str, columns: Columns) -> str:
     """Raise DataContractError for a missing column or a column of the wrong type (the
-    contract's ``type`` rules, in its order: every column is present before any type is read)."""
+    contract's ``type`` rules, in its order: every column is present before any type is read).
+    Returns the embeddings' source (``Columns.source``): a shard without the embedding column
+    needs the text column, of a string type, instead."""
     names = schema.names
+    source = columns.source(names)
     for rule in C.RULES:
         if rule.scope != "type":
             continue
         for role in rule.columns:
+            if role == C.EMBEDDING and source == C.TEXT:
+                continue
             for c in columns.of(role):
                 t = schema.field(c).type if c in names else None
                 if rule.arrow(t):
-                    raise DataContractError(path, rule.name, column=c,
-                                            detail=rule.detail.format(names=names, type=t))
+                    detail = rule.detail.format(names=names, type=t)
+                    if rule is C.PRESENT and role == C.EMBEDDING and columns.text is not None:
+                        detail = C.NO_EMBEDDING_NOR_TEXT.format(embedding=c, text=columns.text,
+                                                                names=names)
+                    raise DataContractError(path, rule.name, column=c, detail=detail)
+    if source == C.TEXT:
+        t = schema.field(columns.text).type
+        if C.TEXT_TYPE.arrow(t):
+            raise DataContractError(path, C.TEXT_TYPE.name, column=columns.text,
+                                    detail=C.TEXT_TYPE.detail.format(type=t))
+    return source
 
 
 def _combine(col) -> pa.Array:
@@ -281,8 +310,14 @@ def _embeddings(col, path: str, name: str, n: int, expected_dim, err) -> np.ndar
 
 
 # ------------------------------------------------------------------ files
-def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_range=None) -> Shard:
-    """Read and validate one parquet shard (only the id, quality and embedding columns)."""
+def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_range=None, *,
+               embedder=None, embed_checkpoint=None, embed_progress=None) -> Shard:
+    """Read and validate one parquet shard (only the id, quality and embedding columns).
+
+    A text-only shard (``Columns.source``) is embedded from its text column by ``embedder``
+    (an ``engine.embed.Embedder`` or a function returning one; default: the default model),
+    with its chunks under ``embed_checkpoint``
+    (default: a temporary directory, removed afterwards); ``Shard.embedded`` says how."""
     path = str(uri)
     try:
         fs, p = storage.resolve(uri)
@@ -295,7 +330,10 @@ def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_ran
             schema = pf.schema_arrow
         except (OSError, pa.ArrowException, ValueError) as exc:
             raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
-        check_schema(schema, path, columns)
+        source = check_schema(schema, path, columns)
+        if source == C.TEXT:
+            return _read_text_shard(pf, path, columns, expected_dim, quality_range, embedder,
+                                    embed_checkpoint, embed_progress)
         try:
             table = pf.read(columns=columns.needed())
         except (OSError, pa.ArrowException, ValueError) as exc:
@@ -304,3 +342,44 @@ def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_ran
         src.close()
     return table_to_shard(table, path, columns, expected_dim=expected_dim,
                           quality_range=quality_range)
+
+
+def _read_text_shard(pf, path, columns: Columns, expected_dim, quality_range, embedder,
+                     checkpoint, progress) -> Shard:
+    """A text-only shard: ids and quality checked first (cheap), then embedded, then the
+    embeddings checked like read ones."""
+    import tempfile
+
+    from . import embed
+
+    try:
+        table = pf.read(columns=[c for c in columns.needed() if c != columns.embedding])
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
+    if C.ROWS.arrow(table.num_rows):
+        raise DataContractError(path, RULE_ROWS, detail=C.ROWS.detail)
+    ids = _ids(table.column(columns.id), path, columns.id)
+
+    def err(rule, column, mask, unit="rows", detail=None):
+        return DataContractError(path, rule, column=column, ids=ids[_first(mask)].tolist(),
+                                 count=int(mask.sum()), unit=unit, detail=detail)
+
+    _quality(table, path, columns, quality_range, err)
+    if embedder is None:
+        embedder = embed.load_embedder()
+    elif callable(embedder):  # a factory: the model loads only for a text-only shard
+        embedder = embedder()
+    if expected_dim is not None and int(expected_dim) != embedder.dim:
+        raise DataContractError(path, rule_expected_dim(int(expected_dim)), column=columns.text,
+                                detail=f"the embedding model {embedder.name} gives "
+                                       f"{embedder.dim}-d vectors")
+    with tempfile.TemporaryDirectory(prefix="datamask-embed-") as tmp:
+        result = embed.embed_shard(path, checkpoint or tmp, columns.text, embedder,
+                                   id_column=columns.id, progress=progress)
+        x = result.load()  # (n, d)
+    emb = pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1])
+    table = table.append_column(columns.embedding, emb)
+    shard = table_to_shard(table, path, columns, expected_dim=expected_dim,
+                           quality_range=quality_range)
+    shard.embedded = result
+    return shard

@@ -79,7 +79,7 @@ def test_cli_is_deterministic_and_resumes(shard, tmp_path):
         (["--algorithm", "kmeans"], "unknown algorithm 'kmeans'"),
         (["--device", "tpu:0"], "unknown device 'tpu:0'"),
         (["--partial", "0.002"], "needs k' >= 2"),
-        (["--embedding-column", "emb"], "'emb'"),
+        (["--embedding-column", "emb", "--text-column", ""], "'emb'"),
     ],
 )
 def test_cli_bad_config_fails_fast_and_writes_nothing(shard, tmp_path, extra, msg):

@@ -172,7 +172,7 @@ def _q(idx, value):
 # rule name -> (raw shard breaking only that rule (a table, or bytes), contract settings)
 BREAK = {
     C.READABLE.name: (b"PAR1 this is not parquet PAR1", {}),
-    C.PRESENT.name: (_good(feature_arr=None), {}),
+    C.PRESENT.name: (_good(feature_arr=None, text=None), {}),  # no text to embed either
     C.ID_TYPE.name: (_good(chunk_id=pa.array(np.arange(N, dtype=float))), {}),
     C.QUALITY_TYPE.name: (_good(quality_score=pa.array(["0.5"] * N)), {}),
     C.EMB_TYPE.name: (_good(feature_arr=pa.array([[1, 2, 3, 4]] * N, pa.list_(pa.int32()))), {}),

@@ -201,7 +201,7 @@ def renamed_quality(t):
 
 
 def missing_embedding(t):
-    return t.drop_columns([EMB])
+    return t.drop_columns([EMB, "text"])  # a text column would be embedded (engine.embed)
 
 
 def id_float(t):

@@ -1,0 +1,511 @@
+"""Sentence embeddings for text-only shards (a text column, no embedding column).
+
+An :class:`Embedder` turns texts into unit-length float32 vectors; :func:`load_embedder` names
+one (the default ``wordllama`` model ships inside its PyPI package and runs offline; any other
+name is a sentence-transformers model or local directory). :func:`embed_shard` streams a
+shard's text column, applies the contract's text rules, and writes the vectors in chunks under a
+checkpoint location, so that chunks already written are not recomputed after a kill.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import io
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import contract as C
+from . import storage
+from .config import ConfigError
+from .errors import MAX_IDS, DataContractError
+
+__all__ = ["Embedder", "Encoded", "EmbedderError", "WordLlamaEmbedder",
+           "SentenceTransformerEmbedder", "load_embedder", "embed_shard", "EmbedResult",
+           "EmbedProgress", "DEFAULT_MODEL", "POOLINGS"]
+
+DEFAULT_MODEL = "wordllama"
+# WordLlama has no positional limit (a bag of tokens); 512 is the limit of the BERT-family
+# sentence encoders, so swapping models does not change which part of a document counts.
+WORDLLAMA_MAX_TOKENS = 512
+WORDLLAMA_DIMS = (64, 128, 256)  # Matryoshka truncations of the shipped 256-d weights
+POOLINGS = ("truncate", "chunks")
+DEFAULT_MAX_CHUNKS = 64
+DEFAULT_CHUNK_ROWS = 8192
+
+
+class EmbedderError(ConfigError):
+    """An embedding model that cannot be loaded or used."""
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """What :meth:`Embedder.encode` returns for n texts."""
+
+    vectors: np.ndarray  # (n, d) float32, unit length (all zeros only for a text with no token)
+    tokens: np.ndarray  # (n,) int64, tokens per text before truncation (a lower bound when cut)
+    truncated: np.ndarray  # (n,) bool, the text was longer than what was embedded
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(v, axis=1, keepdims=True)
+    return (v / np.where(norm > 0, norm, 1.0)).astype(np.float32, copy=False)
+
+
+class Embedder(abc.ABC):
+    """A sentence-embedding model. ``name`` and ``version`` identify the weights (the version
+    changes when they do), ``dim`` is the vector length, ``max_tokens`` the tokens of a text
+    (or of a window, pooling ``chunks``) that are embedded."""
+
+    name: str
+    version: str
+    dim: int
+    max_tokens: int
+    pooling: str = "truncate"
+    max_chunks: int = DEFAULT_MAX_CHUNKS
+
+    @abc.abstractmethod
+    def encode(self, texts: list) -> Encoded:
+        """Vectors and token statistics of ``texts``."""
+
+    def embed(self, texts: list) -> np.ndarray:
+        """(n, dim) float32 unit vectors of ``texts``."""
+        return self.encode(list(texts)).vectors
+
+    @property
+    def settings(self) -> dict:
+        return {"name": self.name, "version": self.version, "dim": self.dim,
+                "max_tokens": self.max_tokens, "pooling": self.pooling,
+                "max_chunks": self.max_chunks if self.pooling == "chunks" else None}
+
+    @property
+    def key(self) -> str:
+        """A short hash of everything that determines the vectors (model and settings)."""
+        return hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16]
+
+    def _check_pooling(self) -> None:
+        if self.pooling not in POOLINGS:
+            raise EmbedderError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+        if self.max_tokens < 1 or self.max_chunks < 1:
+            raise EmbedderError(f"max_tokens and max_chunks must be >= 1, got "
+                                f"{self.max_tokens} and {self.max_chunks}")
+
+
+# ------------------------------------------------------------------ wordllama (default)
+def _import_wordllama():
+    """Import wordllama without its import-time ``logging.basicConfig(level=INFO)`` (0.4.0,
+    ``wordllama.inference``) changing the process's root logger."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    try:
+        import wordllama
+    except ImportError as exc:
+        raise EmbedderError(f"the default embedding model needs the wordllama package "
+                            f"(pip install wordllama): {exc}") from exc
+    finally:
+        for h in root.handlers[:]:
+            if h not in handlers:
+                root.removeHandler(h)
+        root.setLevel(level)
+    return wordllama
+
+
+class WordLlamaEmbedder(Embedder):
+    """WordLlama ``l2_supercat`` (MIT; the weights and tokenizer ship inside the PyPI wheel, so
+    nothing is downloaded): the mean of static token embeddings, ``dim`` 256 or a Matryoshka
+    truncation to 128 or 64. Tokenizer: LLaMA 2's 32k vocabulary, no special tokens.
+
+    Pooling ``truncate`` averages a text's first ``max_tokens`` tokens. Without context, the
+    token-weighted mean of per-window means is the mean over all windows' tokens, so ``chunks``
+    averages the first ``max_tokens * max_chunks`` tokens."""
+
+    CONFIG = "l2_supercat"
+
+    def __init__(self, dim: int = 256, max_tokens: int | None = None, pooling: str = "truncate",
+                 max_chunks: int = DEFAULT_MAX_CHUNKS, batch_size: int = 64):
+        if dim not in WORDLLAMA_DIMS:
+            raise EmbedderError(f"wordllama dim must be one of {WORDLLAMA_DIMS}, got {dim}")
+        self.max_tokens = int(max_tokens or WORDLLAMA_MAX_TOKENS)
+        self.pooling, self.max_chunks, self.batch_size = pooling, int(max_chunks), int(batch_size)
+        self._check_pooling()
+        wordllama = _import_wordllama()
+        from tokenizers import Tokenizer
+        from wordllama import WordLlama
+
+        pkg = Path(wordllama.__file__).parent
+        try:
+            # cache_dir=pkg: 0.4.0 looks for its shipped tokenizer under <cache_dir>/tokenizers
+            # (its own package lookup uses a "tokenizer/" folder that does not exist);
+            # disable_download: never reach the network.
+            wl = WordLlama.load(config=self.CONFIG, dim=256, trunc_dim=None if dim == 256 else dim,
+                                cache_dir=pkg, disable_download=True)
+        except (FileNotFoundError, ValueError) as exc:
+            raise EmbedderError(f"wordllama {wordllama.__version__}: cannot load the shipped "
+                                f"{self.CONFIG} model: {exc}") from exc
+        weights = pkg / "weights" / f"{self.CONFIG}_256.safetensors"
+        digest = hashlib.sha256(weights.read_bytes()).hexdigest()[:16]
+        self.name = f"wordllama/{self.CONFIG}" + ("" if dim == 256 else f":{dim}")
+        self.version = f"{wordllama.__version__}+sha256.{digest}"
+        self.dim = dim
+        self._table = np.ascontiguousarray(wl.embedding, dtype=np.float32)  # (vocab, dim)
+        self._tok = Tokenizer.from_str(wl.tokenizer.to_str())
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self._max_token_chars = max(len(t) for t in self._tok.get_vocab())
+
+    def encode(self, texts: list) -> Encoded:
+        n = len(texts)
+        limit = self.max_tokens * (self.max_chunks if self.pooling == "chunks" else 1)
+        # Each token covers at most _max_token_chars characters, so the first `cut` characters
+        # hold at least `limit` tokens: longer texts are cut before tokenizing (bounded cost).
+        cut = limit * self._max_token_chars
+        vectors = np.zeros((n, self.dim), dtype=np.float32)
+        tokens = np.zeros(n, dtype=np.int64)
+        truncated = np.zeros(n, dtype=bool)
+        for s in range(0, n, self.batch_size):
+            part = texts[s:s + self.batch_size]
+            encs = self._tok.encode_batch([t[:cut] for t in part], add_special_tokens=False)
+            ids = [e.ids[:limit] for e in encs]
+            lengths = np.fromiter((len(e.ids) for e in encs), np.int64, len(encs))
+            kept = np.fromiter((len(i) for i in ids), np.int64, len(ids))
+            tokens[s:s + len(part)] = lengths
+            truncated[s:s + len(part)] = (lengths > limit) | np.fromiter(
+                (len(t) > cut for t in part), bool, len(part))
+            has = kept > 0
+            if not has.any():
+                continue
+            flat = np.fromiter((t for i in ids for t in i), np.int64, int(kept.sum()))
+            starts = np.concatenate([[0], np.cumsum(kept)[:-1]])[has]
+            sums = np.add.reduceat(self._table[flat], starts, axis=0)  # (docs with tokens, d)
+            vectors[s:s + len(part)][has] = sums / kept[has, None]
+        return Encoded(_unit(vectors), tokens, truncated)
+
+
+# ------------------------------------------------------------------ sentence-transformers
+class SentenceTransformerEmbedder(Embedder):
+    """Any sentence-transformers model, by hub name (needs the network or the local Hugging
+    Face cache) or local directory. ``max_tokens`` defaults to the model's ``max_seq_length``;
+    pooling ``chunks`` embeds windows of that many tokens and averages them weighted by their
+    token counts. ``version`` hashes the loaded weights, so retrained weights under the same
+    name are a new version."""
+
+    def __init__(self, model: str, device: str | None = None, max_tokens: int | None = None,
+                 pooling: str = "truncate", max_chunks: int = DEFAULT_MAX_CHUNKS,
+                 batch_size: int = 32):
+        try:
+            import sentence_transformers
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise EmbedderError(f"embedding model {model!r}: not the default wordllama, so it "
+                                f"needs sentence-transformers (pip install "
+                                f"sentence-transformers): {exc}") from exc
+        try:
+            self._model = SentenceTransformer(str(model), device=device)
+        except (OSError, ValueError) as exc:
+            raise EmbedderError(f"embedding model {model!r} cannot be loaded (a local directory, "
+                                f"or a hub name already in the local cache when offline): "
+                                f"{exc}") from exc
+        if max_tokens:
+            self._model.max_seq_length = int(max_tokens)
+        self.name = str(model)
+        self.dim = int(self._model.get_sentence_embedding_dimension())
+        self.max_tokens = int(self._model.max_seq_length)
+        self.pooling, self.max_chunks, self.batch_size = pooling, int(max_chunks), int(batch_size)
+        self._check_pooling()
+        h = hashlib.sha256()
+        for k, t in sorted(self._model.state_dict().items()):
+            h.update(k.encode())
+            h.update(t.detach().to("cpu").contiguous().numpy().tobytes())
+        self.version = f"sentence-transformers-{sentence_transformers.__version__}+sha256." \
+                       f"{h.hexdigest()[:16]}"
+
+    def _encode(self, texts: list) -> np.ndarray:
+        return self._model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True,
+                                  normalize_embeddings=False, show_progress_bar=False)
+
+    def encode(self, texts: list) -> Encoded:
+        tok = self._model.tokenizer
+        ids = tok(texts, add_special_tokens=False, truncation=False)["input_ids"]
+        tokens = np.fromiter((len(i) for i in ids), np.int64, len(ids))
+        body = max(1, self.max_tokens - tok.num_special_tokens_to_add())
+        truncated = tokens > body * (self.max_chunks if self.pooling == "chunks" else 1)
+        if self.pooling == "truncate" or not (tokens > body).any():
+            return Encoded(_unit(np.asarray(self._encode(texts), np.float32)), tokens, truncated)
+        # windows of `body` tokens, decoded back to text, embedded, averaged by token count
+        pieces, owner, weight = [], [], []
+        for row, i in enumerate(ids):
+            windows = [i[s:s + body] for s in range(0, len(i), body)][:self.max_chunks] or [[]]
+            for w in windows:
+                pieces.append(tok.decode(w) if w else texts[row])
+                owner.append(row)
+                weight.append(max(len(w), 1))
+        vecs = np.asarray(self._encode(pieces), np.float32)  # (pieces, d)
+        out = np.zeros((len(texts), self.dim), np.float32)
+        np.add.at(out, np.asarray(owner), vecs * np.asarray(weight, np.float32)[:, None])
+        return Encoded(_unit(out), tokens, truncated)
+
+
+def load_embedder(model: str = DEFAULT_MODEL, *, max_tokens: int | None = None,
+                  pooling: str = "truncate", max_chunks: int = DEFAULT_MAX_CHUNKS,
+                  device: str | None = None) -> Embedder:
+    """``wordllama`` (default; ``wordllama:128`` / ``wordllama:64`` for the truncated
+    dimensions) or a sentence-transformers model name or local directory."""
+    model = str(model or DEFAULT_MODEL)
+    base, _, dim = model.partition(":")
+    if base == DEFAULT_MODEL:
+        try:
+            d = int(dim) if dim else 256
+        except ValueError:
+            raise EmbedderError(f"embedding model {model!r}: wordllama:DIM with DIM in "
+                                f"{WORDLLAMA_DIMS}") from None
+        return WordLlamaEmbedder(dim=d, max_tokens=max_tokens, pooling=pooling,
+                                 max_chunks=max_chunks)
+    return SentenceTransformerEmbedder(model, device=device, max_tokens=max_tokens,
+                                       pooling=pooling, max_chunks=max_chunks)
+
+
+# ------------------------------------------------------------------ shards
+@dataclass(frozen=True)
+class EmbedProgress:
+    rows_done: int
+    rows: int
+    chunks_done: int
+    chunks: int
+    computed: int  # chunks embedded in this call
+    reused: int  # chunks found under the checkpoint location
+    seconds: float
+
+
+@dataclass(frozen=True)
+class EmbedResult:
+    """What :func:`embed_shard` returns. ``chunks`` are the checkpoint files in row order;
+    ``data_version`` hashes the text content and the model (name, version, settings)."""
+
+    rows: int
+    dim: int
+    model: str
+    model_version: str
+    model_key: str
+    text_sha256: str
+    data_version: str
+    chunks: tuple
+    computed: int
+    reused: int
+    tokens: int
+    truncated_rows: int
+    seconds: float
+
+    def arrays(self) -> Iterator[np.ndarray]:
+        """The vectors chunk by chunk, (rows of the chunk, dim) float32."""
+        for uri in self.chunks:
+            yield _read_chunk(uri)["vectors"]
+
+    def load(self) -> np.ndarray:
+        """All vectors, (rows, dim) float32."""
+        parts = list(self.arrays())
+        return np.concatenate(parts) if parts else np.zeros((0, self.dim), np.float32)
+
+    def reader(self) -> "RowReader":
+        return RowReader(self.arrays(), self.dim)
+
+    def metadata(self) -> dict:
+        return {"embedding_model": self.model, "embedding_model_version": self.model_version,
+                "embedding_dim": self.dim, "embedding_data_version": self.data_version,
+                "text_sha256": self.text_sha256, "embedding_tokens": self.tokens,
+                "embedding_truncated_rows": self.truncated_rows,
+                "embedding_chunks_computed": self.computed,
+                "embedding_chunks_reused": self.reused,
+                "embedding_seconds": round(self.seconds, 3)}
+
+
+class RowReader:
+    """Hands out consecutive rows of chunked arrays in pieces of any size."""
+
+    def __init__(self, arrays: Iterator[np.ndarray], dim: int):
+        self._arrays, self._dim = arrays, dim
+        self._buf, self._pos = np.zeros((0, dim), np.float32), 0
+
+    def take(self, m: int) -> np.ndarray:
+        parts, need = [], m
+        while need:
+            if self._pos == len(self._buf):
+                self._buf, self._pos = next(self._arrays), 0
+            piece = self._buf[self._pos:self._pos + need]
+            parts.append(piece)
+            self._pos += len(piece)
+            need -= len(piece)
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]
+
+
+def _read_chunk(uri) -> dict:
+    fs, path = storage.resolve(uri)
+    with fs.open_input_stream(path) as fh:
+        data = fh.read()
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {k: z[k] for k in z.files}
+
+
+def _write_chunk(uri, enc: Encoded) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, vectors=enc.vectors, tokens=enc.tokens, truncated=enc.truncated)
+    storage.atomic_write_bytes(uri, buf.getvalue())
+
+
+def _rechunk(batches, rows: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of exactly ``rows`` rows (the last one shorter), whatever the file's
+    row groups: chunk boundaries depend on the row numbers only."""
+    pending, have = [], 0
+    for b in batches:
+        while b.num_rows:
+            take = min(rows - have, b.num_rows)
+            pending.append(b.slice(0, take))
+            have += take
+            b = b.slice(take)
+            if have == rows:
+                yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+                pending, have = [], 0
+    if have:
+        yield pa.Table.from_batches(pending).combine_chunks().to_batches()[0]
+
+
+def _text_digest(arr: pa.Array) -> tuple[bytes, memoryview]:
+    """(lengths, UTF-8 bytes) of a large_string array, for hashing (no copy of the text)."""
+    offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset:arr.offset + len(arr) + 1]
+    data = arr.buffers()[2]
+    body = memoryview(b"") if data is None else memoryview(data)[offsets[0]:offsets[-1]]
+    return np.diff(offsets).astype("<i8").tobytes(), body
+
+
+def embed_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TEXT],
+                embedder: Embedder | None = None, *, id_column: str | None = None,
+                chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                progress: Optional[Callable[[EmbedProgress], None]] = None) -> EmbedResult:
+    """Embed ``raw_uri``'s ``text_column`` in chunks of ``chunk_rows`` rows, each written to
+    ``<checkpoint_dir>/<model key>/chunk-<index>-<text hash>.npz``; a chunk whose file exists
+    (same model, settings and text) is reused, not recomputed. Breaking a text rule raises
+    :class:`DataContractError` naming the rows by ``id_column`` (else by row number); a
+    computed vector that is zero or not finite does too."""
+    embedder = embedder or load_embedder()
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    path = str(raw_uri)
+    t0 = time.perf_counter()
+    try:
+        fs, p = storage.resolve(raw_uri)
+        src = fs.open_input_file(p)
+        pf = pq.ParquetFile(src, buffer_size=1 << 20, pre_buffer=False)
+    except FileNotFoundError as exc:
+        raise storage.StorageError(f"{raw_uri}: raw shard does not exist") from exc
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise DataContractError(path, C.READABLE.name, detail=str(exc)) from exc
+    mdir = storage.join(checkpoint_dir, embedder.key)
+    try:
+        names = pf.schema_arrow.names
+        if text_column not in names:
+            raise DataContractError(path, C.PRESENT.name, column=text_column,
+                                    detail=C.PRESENT.detail.format(names=names))
+        t = pf.schema_arrow.field(text_column).type
+        if C.TEXT_TYPE.arrow(t):
+            raise DataContractError(path, C.TEXT_TYPE.name, column=text_column,
+                                    detail=C.TEXT_TYPE.detail.format(type=t))
+        cols = [text_column] + ([id_column] if id_column and id_column != text_column else [])
+        total = pf.metadata.num_rows
+        n_chunks = math.ceil(total / chunk_rows)
+        storage.makedirs(mdir)
+        existing = {u.rsplit("/", 1)[-1] for u in storage.list_files(mdir, suffix=".npz")}
+        h_len, h_text = hashlib.sha256(), hashlib.sha256()
+        chunks, computed, reused, tokens, truncated, done = [], 0, 0, 0, 0, 0
+        batches = pf.iter_batches(batch_size=min(chunk_rows, 65536), columns=cols,
+                                  use_threads=False)
+        for i, batch in enumerate(_rechunk(_readable(batches, path), chunk_rows)):
+            ids = (batch.column(id_column) if id_column else None)
+            texts = _checked_text(batch.column(text_column), path, text_column, ids, done)
+            lengths, body = _text_digest(texts)
+            h_len.update(lengths)
+            h_text.update(body)
+            h = hashlib.sha256(lengths)
+            h.update(body)
+            digest = h.hexdigest()[:16]
+            uri = storage.join(mdir, f"chunk-{i:06d}-{digest}.npz")
+            if uri.rsplit("/", 1)[-1] in existing:
+                enc = _read_chunk(uri)
+                reused += 1
+            else:
+                e = embedder.encode(texts.to_pylist())
+                _check_vectors(e.vectors, path, text_column, ids, done, embedder.name)
+                _write_chunk(uri, e)
+                enc = {"tokens": e.tokens, "truncated": e.truncated}
+                computed += 1
+            tokens += int(enc["tokens"].sum())
+            truncated += int(enc["truncated"].sum())
+            chunks.append(uri)
+            done += batch.num_rows
+            if progress is not None:
+                progress(EmbedProgress(done, total, i + 1, n_chunks, computed, reused,
+                                       time.perf_counter() - t0))
+    finally:
+        src.close()
+    text_sha = hashlib.sha256(h_len.digest() + h_text.digest()).hexdigest()
+    version = hashlib.sha256(f"{text_sha}:{embedder.key}".encode()).hexdigest()
+    return EmbedResult(rows=done, dim=embedder.dim, model=embedder.name,
+                       model_version=embedder.version, model_key=embedder.key,
+                       text_sha256=text_sha, data_version=version, chunks=tuple(chunks),
+                       computed=computed, reused=reused, tokens=tokens, truncated_rows=truncated,
+                       seconds=time.perf_counter() - t0)
+
+
+def remove_checkpoint(checkpoint_dir) -> None:
+    """Delete the chunks of every model under ``checkpoint_dir`` (after a successful run)."""
+    storage.remove(checkpoint_dir, recursive=True)
+
+
+def _readable(batches, path: str):
+    while True:
+        try:
+            b = next(batches)
+        except StopIteration:
+            return
+        except (OSError, pa.ArrowException) as exc:
+            raise DataContractError(path, C.READABLE.name, detail=str(exc)) from exc
+        yield b
+
+
+def _fail(rule: C.Rule, bad: np.ndarray, path, column, ids, offset, detail=None):
+    where = np.flatnonzero(bad)[:MAX_IDS]
+    if ids is not None and not ids.null_count:
+        return DataContractError(path, rule.name, column=column, count=int(bad.sum()),
+                                 ids=ids.take(pa.array(where)).to_pylist(), detail=detail)
+    return DataContractError(path, rule.name, column=column, count=int(bad.sum()),
+                             rows=(where + offset).tolist(), detail=detail)
+
+
+def _checked_text(col: pa.Array, path, column, ids, offset) -> pa.Array:
+    """The text rules (``contract.TEXT_RULES``, row rules) on one chunk; returns it as a
+    valid large_string array."""
+    for rule in (C.TEXT_NULL, C.TEXT_UTF8):
+        bad = rule.mask(col)
+        if bad.any():
+            raise _fail(rule, bad, path, column, ids, offset)
+    text = col.cast(pa.large_binary()).cast(pa.large_string()) if not pa.types.is_large_string(
+        col.type) else col
+    bad = C.TEXT_BLANK.mask(text)
+    if bad.any():
+        raise _fail(C.TEXT_BLANK, bad, path, column, ids, offset)
+    return text
+
+
+def _check_vectors(v: np.ndarray, path, column, ids, offset, model: str) -> None:
+    for rule in (C.EMB_FINITE, C.EMB_ZERO):
+        bad = rule.mask(v)
+        if bad.any():
+            raise _fail(rule, bad, path, column, ids, offset,
+                        detail=f"computed by the embedding model {model} from the text")
