@@ -9,7 +9,10 @@ shard). Identifiers are quoted; values are passed as parameters (the file path o
 a quoted literal: DDL takes no parameters).
 
 Every check is blocking: when one fails, the run's downstream steps (mask learning, the
-selected subset) do not run, so a bad shard never reaches the GPU. A failing check says which
+selected subset) do not run, so a bad shard never reaches the GPU. The checks are partitioned
+like ``features``: each shard keeps its own result per check (:func:`latest_check_status`,
+:func:`latest_check_records` read them back), so a failed shard blocks only its own run and
+never overwrites another shard's result. A failing check says which
 partition, file, column and rule, how many rows break it and up to 10 offending ids, in the
 engine's wording (``engine.data.DataContractError``). The rules, their names, descriptions and
 SQL predicates come from ``engine.contract``, the same rules the engine's reader applies::
@@ -20,10 +23,12 @@ SQL predicates come from ``engine.contract``, the same rules the engine's reader
 
 
 import os
+import warnings
 
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
+from datamask_pipeline.automation import CHECK_CONDITION
 from datamask_pipeline.engine import contract as C
 from datamask_pipeline.engine import storage
 from datamask_pipeline.engine.contract import rule_expected_dim, rule_quality_range
@@ -32,6 +37,7 @@ from resources.contract import DataContract
 from resources.storage import DataRoot
 
 from .ingest import EMBEDDING, ID, QUALITY, features
+from .partitions import shards
 
 TABLE = "features"
 # DuckDB memory limit of one validation step unless the duckdb resource's connection_config
@@ -62,6 +68,37 @@ CHECKS = {
               "quality (DOUBLE), embedding (FLOAT[]).",
     **{name: _describe(rules) for name, rules in CHECK_RULES.items()},
 }
+
+
+CHECK_KEYS = [dg.AssetCheckKey(features.key, name) for name in CHECKS]
+
+
+def latest_check_status(instance: dg.DagsterInstance, partition_keys=None) -> dict:
+    """``{shard: {check name: status}}``, the latest result of every check per shard as the
+    instance stores it (status ``"SUCCEEDED"``, ``"FAILED"`` or ``"PLANNED"``; a shard never
+    checked is absent). One query per check, whatever the number of shards."""
+    out: dict = {}
+    infos = instance.event_log_storage.get_asset_check_partition_info(
+        CHECK_KEYS, partition_keys=list(partition_keys) if partition_keys is not None else None)
+    for info in infos:
+        if info.partition_key is not None:
+            out.setdefault(info.partition_key, {})[info.check_key.name] = info.latest_execution_status.value
+    return out
+
+
+def latest_check_records(instance: dg.DagsterInstance, key: str) -> dict:
+    """``{check name: AssetCheckExecutionRecord}``: the latest record of every check for shard
+    ``key``; ``record.evaluation`` holds ``passed``, ``description`` (the rules broken, in the
+    engine's words) and ``metadata`` (``rules_broken``, ``offending_ids``, ...)."""
+    from dagster._core.event_api import PartitionKeyFilter  # what the UI's per-partition view uses
+
+    out = {}
+    for check_key in CHECK_KEYS:
+        records = instance.event_log_storage.get_asset_check_execution_history(
+            check_key, limit=1, partition_filter=PartitionKeyFilter(key=key))
+        if records:
+            out[check_key.name] = records[0]
+    return out
 
 
 def q(name: str) -> str:
@@ -254,11 +291,20 @@ def _result(name: str, failures, ctx: _Context, n_rows) -> dg.AssetCheckResult:
     )
 
 
-@dg.multi_asset_check(
-    specs=[dg.AssetCheckSpec(name, asset=features, blocking=True, description=desc)
-           for name, desc in CHECKS.items()],
-    name="validate_features",
-)
+with warnings.catch_warnings():
+    # Per-partition checks are preview in Dagster 1.13: one PreviewWarning per spec at every
+    # import. Silenced around these specs only, for that class and message.
+    warnings.filterwarnings("ignore", message="Specifying a partitions_def on an AssetCheckSpec",
+                            category=dg.PreviewWarning)
+    # partitions_def=shards: Dagster records each result under its shard, so every partition
+    # keeps its own pass/fail per check (instead of the last shard's overwriting the others').
+    # automation_condition: requested with its asset (datamask_pipeline/automation.py).
+    SPECS = [dg.AssetCheckSpec(name, asset=features, blocking=True, description=desc,
+                               partitions_def=shards, automation_condition=CHECK_CONDITION)
+             for name, desc in CHECKS.items()]
+
+
+@dg.multi_asset_check(specs=SPECS, name="validate_features")
 def validate_features(context: dg.AssetCheckExecutionContext, data_root: DataRoot,
                       contract: DataContract, duckdb: DuckDBResource):
     """DuckDB SQL checks of one shard's features parquet (see the module doc)."""
