@@ -1,38 +1,50 @@
 """The corpus summary: one DuckDB catalog over every selected shard.
 
-This unpartitioned asset is the only writer of ``<data root>/catalog.duckdb``. It rebuilds the
-catalog from scratch in a temporary database beside the target and renames it into place, so
-readers see either the previous catalog or the complete new one (for an object-store data root
-the database is built in a local temporary directory and uploaded atomically). Per-partition
-steps never touch it, so parallel partitions never contend for a DuckDB lock.
+This unpartitioned asset is the only writer of the catalog, the database of the ``catalog``
+resource (a ``DuckDBResource``; by default ``<data root>/catalog.duckdb``). The catalog is
+rebuilt from scratch in a temporary database beside it, through a ``DuckDBResource`` with the
+``catalog`` resource's connection config, and renamed into place; for an object-store data root
+the database is built in a local temporary directory and uploaded atomically. Why not one
+transaction in the catalog file itself: DuckDB locks a file against other processes while a
+writer has it open, so readers would get lock errors during a rebuild (and an open reader would
+block it); after a rename, open readers keep the old file and new ones see the new one. A
+rebuild that fails leaves the old catalog as it was. Per-partition steps never touch the
+catalog, so parallel partitions never contend for a DuckDB lock.
 
 Catalog contents:
 
 * ``shards``: one row per registered shard with a selected subset: partition key, file URIs,
   rows before and after selection, kept fraction, mean quality before and after, and the
-  whole-shard objective of DATAMASK, quality top-k and random (recorded by the mask step);
+  whole-shard objective of DATAMASK, quality top-k and random (the selection record in the
+  mask file's metadata), spectrum flatness and the page of the shard report (when built);
 * ``catalog_info``: when and from where the catalog was built, and which registered shards
   have no selection yet;
 * ``selected_rows`` (local data roots): a view over all selected parquet files, every raw
   column plus ``partition_key``.
 """
 
+import contextlib
 import json
 import os
+import shutil
 import tempfile
 import time
 import uuid
 
 import dagster as dg
+from dagster_duckdb import DuckDBResource
 
 from datamask_pipeline.engine import storage
+from datamask_pipeline.engine.storage import mask_file
 from resources.storage import DataRoot
 
 from .ingest import FRESHNESS, ID, OWNERS, QUALITY, stage
+from .learn import mask
 from .partitions import PARTITIONS_NAME
 from .select import selected_subset
+from .shard_report import shard_report
 
-CODE_VERSION = "catalog-1"
+CODE_VERSION = "catalog-2"
 GROUP = "corpus"
 
 SHARD_COLUMNS = [
@@ -44,12 +56,6 @@ SHARD_COLUMNS = [
     ("f_qua_datamask", "DOUBLE"), ("f_div_datamask", "DOUBLE"),
     ("spectrum_flatness_selected", "DOUBLE"), ("report_uri", "VARCHAR"),
 ]
-# latest ``mask`` materialization metadata key -> catalog column
-MASK_METADATA = {
-    "algorithm": "algorithm", "lamb": "lamb", "f_datamask": "f_datamask",
-    "f_quality_topk": "f_quality_topk", "f_random": "f_random",
-    "f_qua_datamask": "f_qua_datamask", "f_div_datamask": "f_div_datamask",
-}
 
 
 def q(name: str) -> str:
@@ -69,20 +75,27 @@ def _read_json(uri: str):
         return json.loads(fh.read().decode())
 
 
-def mask_metadata(key: str, instance) -> dict:
-    """The whole-shard scores recorded by the latest ``mask`` materialization of ``key``."""
-    recs = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("mask"), asset_partitions=[key]), limit=1).records
-    if not recs:
-        return {}
-    meta = recs[0].asset_materialization.metadata
-    return {dst: meta[src].value for src, dst in MASK_METADATA.items() if src in meta}
+def report_metrics(data_root: DataRoot, key: str):
+    """The shard report's metrics (``report_metrics.json``), or None when none was built."""
+    return _read_json(storage.join(data_root.report_dir(key), "report_metrics.json"))
 
 
-def shard_row(con, data_root: DataRoot, key: str, instance) -> dict:
+def mask_scores(data_root: DataRoot, key: str) -> dict:
+    """The objective numbers of the partition's selection, from the mask file's record."""
+    try:
+        rec = mask_file.read_record(data_root.mask(key))
+    except mask_file.MaskFileError as exc:
+        raise dg.Failure(description=f"partition {key!r}: {exc}", allow_retries=False) from exc
+    return {"algorithm": rec.term, "lamb": rec.lamb, "f_datamask": rec.f("datamask"),
+            "f_quality_topk": rec.f("quality_topk"), "f_random": rec.f("random"),
+            "f_qua_datamask": float(rec.scores["datamask"]["f_qua"]),
+            "f_div_datamask": float(rec.scores["datamask"]["f_div"])}
+
+
+def shard_row(con, data_root: DataRoot, key: str) -> dict:
     """One shard's catalog row: counts and quality from DuckDB over the features and mask
-    parquet, objective numbers from the latest mask materialization, spectrum flatness from
-    the shard report (when one was written)."""
+    parquet, objective numbers from the mask's selection record, spectrum flatness from the
+    shard report (when one was built)."""
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
@@ -109,8 +122,7 @@ def shard_row(con, data_root: DataRoot, key: str, instance) -> dict:
             description=f"partition {key!r}: {sel_uri} holds {rows_file} rows but the mask selects "
                         f"{rows_sel}: re-materialize selected_subset for this partition",
             allow_retries=False)
-    report_dir = data_root.report_dir(key)
-    metrics = _read_json(storage.join(report_dir, "report_metrics.json")) or {}
+    metrics = report_metrics(data_root, key) or {}
     row = {c: None for c, _ in SHARD_COLUMNS}
     row.update(
         partition_key=key, raw_uri=str(data_root.raw_shard(key)), selected_uri=str(sel_uri),
@@ -118,9 +130,9 @@ def shard_row(con, data_root: DataRoot, key: str, instance) -> dict:
         kept_fraction=(rows_sel / rows_raw) if rows_raw else None,
         quality_mean_before=q_before, quality_mean_after=q_after,
         selected_bytes=storage.size(sel_uri),
-        report_uri=str(storage.join(report_dir, "report.html")) if metrics else None,
+        report_uri=str(storage.join(data_root.report_dir(key), "report.html")) if metrics else None,
     )
-    row.update(mask_metadata(key, instance))
+    row.update(mask_scores(data_root, key))
     if "spectrum_flatness_selected" in metrics:
         row["spectrum_flatness_selected"] = float(metrics["spectrum_flatness_selected"])
     return row
@@ -128,7 +140,7 @@ def shard_row(con, data_root: DataRoot, key: str, instance) -> dict:
 
 def corpus_report_input(row: dict, data_root: DataRoot) -> dict:
     """A shard's metrics for ``reporting.build_corpus_report``: the catalog's numbers, with the
-    shard report's richer metrics on top when one was written."""
+    shard report's richer metrics on top when one was built."""
     m = {
         "n_rows": row["rows_raw"], "k_selected": row["rows_selected"],
         "kept_fraction": row["kept_fraction"], "quality_mean_shard": row["quality_mean_before"],
@@ -136,111 +148,92 @@ def corpus_report_input(row: dict, data_root: DataRoot) -> dict:
         "f_topk": row["f_quality_topk"], "f_random": row["f_random"], "lamb": row["lamb"],
         "spectrum_flatness_selected": row["spectrum_flatness_selected"],
     }
-    report = _read_json(storage.join(data_root.report_dir(row["partition_key"]), "report_metrics.json"))
-    if report:
-        m.update(report)
+    m.update(report_metrics(data_root, row["partition_key"]) or {})
     return m
 
 
-def build_catalog(db_path: str, rows: list, missing: list, data_root: DataRoot, local: bool) -> None:
-    import duckdb
-
-    con = duckdb.connect(db_path)
+@contextlib.contextmanager
+def rebuilt_database(catalog: DuckDBResource):
+    """A connection to a new, empty database that replaces ``catalog.database`` when the block
+    succeeds and is discarded when it raises (the old database stays as it was)."""
+    target = catalog.database
+    if storage.is_local(target):
+        _, final = storage.resolve(target)
+        os.makedirs(os.path.dirname(final) or ".", exist_ok=True)
+        scratch = None
+        tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.tmp-{uuid.uuid4().hex}")
+    else:
+        scratch = tempfile.mkdtemp(prefix="datamask-catalog-")
+        tmp = os.path.join(scratch, "catalog.duckdb")
+    build = DuckDBResource(database=tmp, connection_config=dict(catalog.connection_config))
     try:
-        cols = ", ".join(f"{q(c)} {t}" for c, t in SHARD_COLUMNS)
-        con.execute(f"CREATE TABLE {q('shards')} ({cols})")
-        placeholders = ", ".join("?" for _ in SHARD_COLUMNS)
-        for r in rows:
-            con.execute(f"INSERT INTO {q('shards')} VALUES ({placeholders})",
-                        [r[c] for c, _ in SHARD_COLUMNS])
-        con.execute(f"CREATE TABLE {q('catalog_info')} (built_at TIMESTAMP, data_root VARCHAR, "
-                    f"shards_registered BIGINT, shards_without_selection VARCHAR[])")
-        con.execute(f"INSERT INTO {q('catalog_info')} VALUES (to_timestamp(?), ?, ?, ?)",
-                    [time.time(), str(data_root.root), len(rows) + len(missing), sorted(missing)])
-        if local and rows:
-            files = ", ".join(sql_string(storage.resolve(r["selected_uri"])[1]) for r in rows)
-            con.execute(
-                f"CREATE VIEW {q('selected_rows')} AS SELECT * EXCLUDE (filename), "
-                f"regexp_extract(filename, '([^/]+)\\.parquet$', 1) AS partition_key "
-                f"FROM read_parquet([{files}], union_by_name = true, filename = true)"
-            )
-        con.execute("CHECKPOINT")
+        with build.get_connection() as con:
+            try:
+                yield con
+                con.execute("CHECKPOINT")
+            finally:
+                con.close()
+        if scratch is None:
+            os.replace(tmp, final)
+        else:
+            with open(tmp, "rb") as src, storage.atomic_output(target) as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
     finally:
-        con.close()
+        for p in (tmp, tmp + ".wal"):
+            if os.path.exists(p):
+                os.unlink(p)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
 
 
-@dg.asset(
-    key="corpus_summary",
-    deps=[selected_subset],
-    group_name=GROUP,
-    kinds={"duckdb"},
-    owners=OWNERS,
-    tags=stage("report"),
-    freshness_policy=FRESHNESS,
-    code_version=CODE_VERSION,
-)
-def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg.MaterializeResult:
-    """The corpus catalog ``<data root>/catalog.duckdb`` over every registered shard with a
-    selected subset (tables ``shards`` and ``catalog_info``, view ``selected_rows``), rebuilt
-    atomically, and the corpus report (``<data root>/corpus_report/corpus_report.html``:
-    kept fraction, quality before / after and gain over quality top-k per shard). Metadata:
-    totals and a per-shard table."""
-    import duckdb
+def write_catalog(con, rows: list, missing: list, data_root: DataRoot) -> None:
+    """The catalog's tables and view, in the (new, empty) database of ``con``."""
+    cols = ", ".join(f"{q(c)} {t}" for c, t in SHARD_COLUMNS)
+    con.execute(f"CREATE TABLE {q('shards')} ({cols})")
+    placeholders = ", ".join("?" for _ in SHARD_COLUMNS)
+    if rows:
+        con.executemany(f"INSERT INTO {q('shards')} VALUES ({placeholders})",
+                        [[r[c] for c, _ in SHARD_COLUMNS] for r in rows])
+    con.execute(f"CREATE TABLE {q('catalog_info')} (built_at TIMESTAMP, data_root VARCHAR, "
+                f"shards_registered BIGINT, shards_without_selection VARCHAR[])")
+    con.execute(f"INSERT INTO {q('catalog_info')} VALUES (to_timestamp(?), ?, ?, ?)",
+                [time.time(), str(data_root.root), len(rows) + len(missing), sorted(missing)])
+    if rows and all(storage.is_local(r["selected_uri"]) for r in rows):
+        files = ", ".join(sql_string(storage.resolve(r["selected_uri"])[1]) for r in rows)
+        con.execute(
+            f"CREATE VIEW {q('selected_rows')} AS SELECT * EXCLUDE (filename), "
+            f"regexp_extract(filename, '([^/]+)\\.parquet$', 1) AS partition_key "
+            f"FROM read_parquet([{files}], union_by_name = true, filename = true)"
+        )
 
-    from datamask_pipeline.reporting.corpus_report import build_corpus_report, write_corpus_report
 
-    keys = sorted(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
+def shards_with_selection(data_root: DataRoot, keys: list) -> tuple[list, list]:
+    """(keys whose features, mask and selected subset all exist, the other keys)."""
     ready, missing = [], []
     for key in keys:
         ok = all(storage.exists(u) for u in (data_root.selected(key), data_root.mask(key),
                                              data_root.features(key)))
         (ready if ok else missing).append(key)
-    if missing:
-        context.log.warning(f"{len(missing)} registered shard(s) have no selected subset yet: "
-                            f"{missing[:20]}")
+    return ready, missing
 
-    rows = []
-    scratch = duckdb.connect(":memory:")
-    try:
-        for key in ready:
-            rows.append(shard_row(scratch, data_root, key, context.instance))
-    finally:
-        scratch.close()
 
-    catalog = data_root.catalog()
-    local = storage.is_local(catalog)
-    if local:
-        _, final = storage.resolve(catalog)
-        os.makedirs(os.path.dirname(final), exist_ok=True)
-        tmp = os.path.join(os.path.dirname(final), f".catalog.duckdb.tmp-{uuid.uuid4().hex}")
-        try:
-            build_catalog(tmp, rows, missing, data_root, local=True)
-            os.replace(tmp, final)
-        finally:
-            for p in (tmp, tmp + ".wal"):
-                if os.path.exists(p):
-                    os.unlink(p)
-    else:
-        with tempfile.TemporaryDirectory() as d:
-            tmp = os.path.join(d, "catalog.duckdb")
-            build_catalog(tmp, rows, missing, data_root, local=False)
-            with open(tmp, "rb") as src, storage.atomic_output(catalog) as dst:
-                while True:
-                    chunk = src.read(1 << 20)
-                    if not chunk:
-                        break
-                    dst.write(chunk)
+def write_corpus_report(rows: list, missing: list, data_root: DataRoot):
+    """The corpus report over the catalog's rows; returns (report, written files)."""
+    from datamask_pipeline.reporting.corpus_report import build_corpus_report
+    from datamask_pipeline.reporting.corpus_report import write_corpus_report as write
 
     algorithms = sorted({r["algorithm"] for r in rows if r["algorithm"]})
     links = {r["partition_key"]: f"../reports/{r['partition_key']}/report.html"
              for r in rows if r["report_uri"]}
-    corpus_report = build_corpus_report(
+    report = build_corpus_report(
         {r["partition_key"]: corpus_report_input(r, data_root) for r in rows},
         algorithm=", ".join(algorithms) or None, links=links,
         extra={"shards without a selection": str(len(missing))},
     )
-    report_files = write_corpus_report(corpus_report, data_root.corpus_report_dir())
+    return report, write(report, data_root.corpus_report_dir())
 
+
+def summary_metadata(rows: list, keys: list, missing: list) -> dict:
     total_raw = sum(r["rows_raw"] for r in rows)
     total_sel = sum(r["rows_selected"] for r in rows)
     qb = sum(r["quality_mean_before"] * r["rows_raw"] for r in rows) / total_raw if total_raw else float("nan")
@@ -257,8 +250,7 @@ def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg
             f"{fmt(r['kept_fraction'], '.1%')} | {fmt(r['quality_mean_before'])} | "
             f"{fmt(r['quality_mean_after'])} | {fmt(r['f_datamask'], '.5g')} | "
             f"{fmt(r['f_quality_topk'], '.5g')} | {fmt(r['f_random'], '.5g')} |")
-    context.log.info(f"catalog {catalog}: {len(rows)} shards, {total_sel} of {total_raw} rows selected")
-    return dg.MaterializeResult(metadata={
+    return {
         "dagster/row_count": int(total_sel),
         "shards_registered": len(keys),
         "shards_in_catalog": len(rows),
@@ -269,7 +261,42 @@ def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot) -> dg
         "quality_mean_before": float(qb),
         "quality_mean_after": float(qa),
         "per_shard": dg.MetadataValue.md("\n".join(lines)),
-        "catalog_uri": dg.MetadataValue.path(str(catalog)),
-        "corpus_report_html": dg.MetadataValue.path(str(report_files["html"])),
-        "corpus_report": dg.MetadataValue.md(corpus_report.markdown),
+    }
+
+
+@dg.asset(
+    key="corpus_summary",
+    deps=[selected_subset, mask, shard_report],
+    group_name=GROUP,
+    kinds={"duckdb"},
+    owners=OWNERS,
+    tags=stage("report"),
+    freshness_policy=FRESHNESS,
+    code_version=CODE_VERSION,
+)
+def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot,
+                   catalog: DuckDBResource) -> dg.MaterializeResult:
+    """The corpus catalog (the ``catalog`` resource's database, by default
+    ``<data root>/catalog.duckdb``) over every registered shard with a selected subset (tables
+    ``shards`` and ``catalog_info``, view ``selected_rows``), rebuilt atomically, and the
+    corpus report (``<data root>/corpus_report/corpus_report.html``: kept fraction, quality
+    before / after and gain over quality top-k per shard). Metadata: totals and a per-shard
+    table."""
+    keys = sorted(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
+    ready, missing = shards_with_selection(data_root, keys)
+    if missing:
+        context.log.warning(f"{len(missing)} registered shard(s) have no selected subset yet: "
+                            f"{missing[:20]}")
+    with rebuilt_database(catalog) as con:
+        rows = [shard_row(con, data_root, key) for key in ready]
+        write_catalog(con, rows, missing, data_root)
+    report, files = write_corpus_report(rows, missing, data_root)
+    metadata = summary_metadata(rows, keys, missing)
+    context.log.info(f"catalog {catalog.database}: {len(rows)} shards, "
+                     f"{metadata['rows_selected']} of {metadata['rows_raw']} rows selected")
+    return dg.MaterializeResult(metadata={
+        **metadata,
+        "catalog_uri": dg.MetadataValue.path(str(catalog.database)),
+        "corpus_report_html": dg.MetadataValue.path(str(files["html"])),
+        "corpus_report": dg.MetadataValue.md(report.markdown),
     })

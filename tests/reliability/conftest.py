@@ -9,14 +9,11 @@ are skipped unless the marker expression selects them::
 """
 
 import os
+import tempfile
 
-os.environ.setdefault("DATAMASK_PRESET", "cpu-demo")  # before assets.learn is imported
+import pytest
 
-import tempfile  # noqa: E402
-
-import pytest  # noqa: E402
-
-from tests.pipeline.conftest import (  # noqa: E402,F401 - fixtures reused by name
+from tests.pipeline.conftest import (  # noqa: F401 - fixtures reused by name
     corpus,
     data_root,
     instance,
@@ -25,7 +22,7 @@ from tests.pipeline.conftest import (  # noqa: E402,F401 - fixtures reused by na
     run_chain,
 )
 
-from .helpers import FAST_TMP, init_home  # noqa: E402
+from .helpers import FAST_TMP, init_home
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -1,7 +1,5 @@
 """Shared pieces of the reliability tests (issue 5): sizes, environments of subprocesses,
 file listings, killing process groups, run-overlap bookkeeping.
-
-Imported after ``tests/reliability/conftest.py`` set ``DATAMASK_PRESET=cpu-demo``.
 """
 
 from __future__ import annotations
@@ -59,9 +57,9 @@ def clean_env(**extra) -> dict:
 
 def dagster_env(home, data_root, **extra) -> dict:
     """Environment of a user who points DATAMASK at a data root and a Dagster home (CPU, one
-    torch thread, the cpu-demo preset, 16-d embeddings declared)."""
+    torch thread, 16-d embeddings declared)."""
     return clean_env(DAGSTER_HOME=str(home), DATAMASK_DATA_ROOT=str(data_root),
-                     DATAMASK_PRESET="cpu-demo", DATAMASK_DEVICE="cpu", DATAMASK_CPU_THREADS="1",
+                     DATAMASK_DEVICE="cpu", DATAMASK_CPU_THREADS="1",
                      DATAMASK_EMBEDDING_DIM=str(DIM), **extra)
 
 

@@ -14,6 +14,7 @@ from assets.ingest import features, raw_shard
 from assets.learn import mask
 from assets.report import corpus_summary
 from assets.select import selected_subset
+from assets.shard_report import shard_report
 from assets.validate import validate_features
 from datamask_pipeline.definitions import resources_from_env
 from datamask_pipeline.jobs import CHAIN, datamask_job
@@ -24,7 +25,7 @@ mp_chain_job = dg.define_asset_job(
 )
 
 defs = dg.Definitions(
-    assets=[raw_shard, features, mask, selected_subset, corpus_summary],
+    assets=[raw_shard, features, mask, shard_report, selected_subset, corpus_summary],
     asset_checks=[validate_features],
     jobs=[mp_chain_job],
     resources=resources_from_env(),

@@ -128,6 +128,7 @@ def materialize(w, key, contract_kwargs, mask=None, selection=CHAIN, device="cpu
         "learner": MaskLearner(device=device, cpu_threads=1, log_interval_s=0.5,
                                shard_report=False, checkpoint_every=10),
         "duckdb": DuckDBResource(database=":memory:"),
+        "catalog": DuckDBResource(database=w.root.catalog()),
     }
     return dg.materialize(ALL_ASSETS, partition_key=key, instance=w.instance, resources=resources,
                           run_config=dg.RunConfig({"mask": MaskConfig(**{**TINY, **(mask or {})})}),

@@ -176,7 +176,8 @@ def _resources(root, checkpoint_every=10):
     return {"data_root": DataRoot(root=str(root)), "contract": DataContract(expected_dim=DIM),
             "learner": MaskLearner(device="cpu", cpu_threads=1, shard_report=False,
                                    checkpoint_every=checkpoint_every, log_interval_s=0.5),
-            "duckdb": DuckDBResource(database=":memory:")}
+            "duckdb": DuckDBResource(database=":memory:"),
+            "catalog": DuckDBResource(database=DataRoot(root=str(root)).catalog())}
 
 
 def _mask_meta(instance, key):

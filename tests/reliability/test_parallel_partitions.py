@@ -116,7 +116,8 @@ class Backfill:
 def _resources(root):
     return {"data_root": DataRoot(root=root), "contract": DataContract(expected_dim=DIM),
             "learner": MaskLearner(device="cpu", cpu_threads=1, shard_report=False),
-            "duckdb": DuckDBResource(database=":memory:")}
+            "duckdb": DuckDBResource(database=":memory:"),
+            "catalog": DuckDBResource(database=DataRoot(root=root).catalog())}
 
 
 def _outputs(root) -> dict:

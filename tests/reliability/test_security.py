@@ -174,7 +174,8 @@ def test_symlinks_cannot_lead_outside_the_data_root(tmp_path, instance):
         root.features("ok")
     resources = {"data_root": root, "contract": DataContract(expected_dim=16),
                  "learner": MaskLearner(device="cpu", cpu_threads=1, shard_report=False),
-                 "duckdb": DuckDBResource(database=":memory:")}
+                 "duckdb": DuckDBResource(database=":memory:"),
+                 "catalog": DuckDBResource(database=root.catalog())}
     res = dg.materialize(ALL_ASSETS, partition_key="ok", instance=instance, resources=resources,
                          run_config=dg.RunConfig({"mask": MaskConfig(**TINY)}), selection=CHAIN,
                          raise_on_error=False)
@@ -194,7 +195,8 @@ def test_hostile_dagster_partition_key_writes_nothing_outside(tmp_path, instance
     instance.add_dynamic_partitions("shards", [key])
     resources = {"data_root": root, "contract": DataContract(expected_dim=16),
                  "learner": MaskLearner(device="cpu", cpu_threads=1, shard_report=False),
-                 "duckdb": DuckDBResource(database=":memory:")}
+                 "duckdb": DuckDBResource(database=":memory:"),
+                 "catalog": DuckDBResource(database=root.catalog())}
     res = dg.materialize(ALL_ASSETS, partition_key=key, instance=instance, resources=resources,
                          run_config=dg.RunConfig({"mask": MaskConfig(**TINY)}), selection=CHAIN,
                          raise_on_error=False)
@@ -304,7 +306,8 @@ def test_hostile_column_names_and_quoted_data_root(tmp_path, instance):
                  "contract": DataContract(id_column=HOSTILE_ID, quality_columns=[HOSTILE_Q],
                                           expected_dim=16),
                  "learner": MaskLearner(device="cpu", cpu_threads=1, shard_report=False),
-                 "duckdb": DuckDBResource(database=":memory:")}
+                 "duckdb": DuckDBResource(database=":memory:"),
+                 "catalog": DuckDBResource(database=root.catalog())}
 
     def run(key, selection=CHAIN):
         return dg.materialize(ALL_ASSETS, partition_key=key, instance=instance, resources=resources,

@@ -13,11 +13,8 @@ import os
 import socket
 import uuid
 
-os.environ.setdefault("DATAMASK_PRESET", "cpu-demo")  # before assets.learn is imported
-
-import pytest  # noqa: E402
-
-import pyarrow.fs as pafs  # noqa: E402
+import pyarrow.fs as pafs
+import pytest
 
 INSTALL_HINT = ("the S3 tests need moto's server (the 'test' extra): "
                 "pip install -e '.[test]'  or  pip install 'moto[server]>=5'")

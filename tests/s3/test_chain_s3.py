@@ -19,6 +19,7 @@ from assets.learn import MaskConfig, mask
 from assets.partitions import register_shards
 from assets.report import corpus_summary
 from assets.select import selected_subset
+from assets.shard_report import shard_report
 from assets.validate import CHECKS, validate_features
 from datamask_pipeline import settings
 from datamask_pipeline.engine.sample import make_table
@@ -32,8 +33,9 @@ ROWS, DIM = 300, 16
 KEYS = ["shard_000", "shard_001"]
 TINY = dict(n_epochs=30, n_rollout=16, partial=0.1, select_ratio=0.1)
 K = round(TINY["select_ratio"] * ROWS)
-ALL_ASSETS = [raw_shard, features, mask, selected_subset, corpus_summary, validate_features]
-CHAIN = dg.AssetSelection.assets(features, mask, selected_subset)
+ALL_ASSETS = [raw_shard, features, mask, shard_report, selected_subset, corpus_summary,
+              validate_features]
+CHAIN = dg.AssetSelection.assets(features, mask, shard_report, selected_subset)
 FIGURES = ("curve", "quality", "projection", "spectrum")  # at least these report figures
 
 
@@ -68,6 +70,7 @@ def _resources(root: str) -> dict:
         "learner": MaskLearner(device="cpu", cpu_threads=1, checkpoint_every=10,
                                log_interval_s=5.0, shard_report=True),
         "duckdb": DuckDBResource(database=":memory:"),
+        "catalog": DuckDBResource(database=DataRoot(root=root).catalog()),
     }
 
 
@@ -113,7 +116,7 @@ def test_whole_chain_in_s3_then_rerun_one_partition(s3_root, s3fs, bucket, insta
         mats = {e.asset_key.to_user_string(): e.materialization
                 for e in _chain(instance, resources, key).get_asset_materialization_events()}
         assert mats["features"].metadata["features_uri"].value == f"{s3_root}/features/{key}.parquet"
-        assert mats["mask"].metadata["report_html"].value == f"{s3_root}/reports/{key}/report.html"
+        assert mats["shard_report"].metadata["report_html"].value == f"{s3_root}/reports/{key}/report.html"
         assert mats["selected_subset"].metadata["dagster/row_count"].value == K
     meta = _summary(instance, resources)
     assert meta["shards_in_catalog"].value == 2 and meta["rows_selected"].value == 2 * K

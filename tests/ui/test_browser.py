@@ -6,7 +6,7 @@ Set-up, once for the module:
    temporary directory; a tiny sample corpus (2 shards x 400 rows, 16-d embeddings);
 2. ``python -m datamask_pipeline.register`` registers the shards as partitions;
 3. ``dagster asset materialize`` runs the per-shard chain (features -> blocking checks ->
-   mask -> selected_subset) for one partition with the ``cpu-demo`` preset (60 learner steps), so the run is recorded in that ``DAGSTER_HOME``;
+   mask -> selected_subset) for one partition with MaskConfig's defaults and ``n_epochs`` = 60, so the run is recorded in that ``DAGSTER_HOME``;
 4. ``dagster dev -w workspace.yaml -h 127.0.0.1 -p <free port>`` on that instance; the test
    waits for ``/server_info`` and the code location, and dismisses the community pop-up
    through the GraphQL mutation ``setNuxSeen``;
@@ -50,9 +50,9 @@ SHARDS, ROWS, DIM = 2, 400, 16
 KEYS = [f"shard_{i:03d}" for i in range(SHARDS)]
 DEMO_KEY = KEYS[0]  # materialized; KEYS[1] stays missing
 N_EPOCHS = 60
-ASSETS = ["raw_shard", "features", "mask", "selected_subset", "corpus_summary"]
+ASSETS = ["raw_shard", "features", "mask", "shard_report", "selected_subset", "corpus_summary"]
 GROUPS = ["datamask", "corpus"]
-CHAIN = "features,mask,selected_subset"
+CHAIN = "features,mask,shard_report,selected_subset"
 
 CHROMIUM_FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -210,7 +210,6 @@ def demo(chromium):
         env.update({
             "DAGSTER_HOME": str(home),
             "DATAMASK_DATA_ROOT": str(data_root),
-            "DATAMASK_PRESET": "cpu-demo",
             "DATAMASK_DEVICE": "cpu",
             "DATAMASK_EMBEDDING_DIM": str(DIM),
             "PYTHONUNBUFFERED": "1",
@@ -242,10 +241,14 @@ def demo(chromium):
                 limit=1).records
             assert recs, "no materialization of mask recorded"
             meta = {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
+            recs = instance.fetch_materializations(dg.AssetRecordsFilter(
+                asset_key=dg.AssetKey("shard_report"), asset_partitions=[DEMO_KEY]), limit=1).records
+            assert recs, "no materialization of shard_report recorded"
+            report_meta = {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
         finally:
             instance.dispose()
         yield {"env": env, "home": home, "data_root": data_root, "run_id": runs[0].run_id,
-               "mask": meta}
+               "mask": meta, "shard_report": report_meta}
 
 
 @pytest.fixture(scope="module")
@@ -362,7 +365,7 @@ def test_asset_graph_shows_assets_checks_and_partitions(page, server):
             expect(page.get_by_text(group, exact=True)).to_be_visible()
         # node details: the features checks of the materialized partition, 1 of 2 shards filled
         expect(page.get_by_text(f"{len(CHECKS)} / {len(CHECKS)} Passed", exact=True)).to_be_visible()
-        expect(page.get_by_text("50% filled", exact=True)).to_have_count(3)  # features, mask, subset
+        expect(page.get_by_text("50% filled", exact=True)).to_have_count(4)  # features, mask, report, subset
         expect(page.get_by_text(f"{SHARDS} partitions", exact=True)).to_have_count(4)
         expect(page.get_by_text("Never materialized", exact=True)).to_have_count(1)  # corpus_summary
         page.wait_for_load_state("networkidle")
@@ -402,8 +405,10 @@ def test_mask_partition_page_shows_partitions_and_report_metadata(page, server, 
             expect(_metadata_row(page, key)).to_be_visible()
         expect(_metadata_row(page, "whole_shard_scores")).to_contain_text("quality_topk")
 
-        # the shard report: linked file (it exists) and its summary table
-        assert meta["report_html"] == str(report_html) and report_html.is_file()
+        # the shard report (its own asset): linked file (it exists) and its summary table
+        assert "report_html" not in meta
+        assert demo["shard_report"]["report_html"] == str(report_html) and report_html.is_file()
+        page.goto(f"{server}/assets/shard_report?view=partitions&partition={DEMO_KEY}")
         row = _metadata_row(page, "report_html")
         expect(row).to_contain_text(str(report_html))
         report = _metadata_row(page, "report")
