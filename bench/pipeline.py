@@ -39,7 +39,7 @@ def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout
     raw = uris[0]
     cfg = settings.learner_defaults(preset)  # the knobs the Dagster run gets, given to the CLI too
     env = {**os.environ, "DATAMASK_DATA_ROOT": str(root), "DAGSTER_HOME": str(workdir / "dagster_home"),
-           "DATAMASK_PRESET": preset, "DATAMASK_DEVICE": "cpu",
+           "DATAMASK_DEVICE": "cpu",
            "DATAMASK_EMBEDDING_DIM": str(dim), "PYTHONPATH": str(repo)}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)

@@ -7,7 +7,8 @@
    unless it already holds parquet shards (then those are used as they are).
 2. Registers the shards as partitions in the Dagster instance of ``$DAGSTER_HOME`` (default
    ``<repo>/.dagster_home``), so the runs show up in ``dagster dev -w workspace.yaml`` later.
-3. Materializes ``datamask_job`` (ingestion, blocking checks, mask learning, selected subset)
+3. Materializes the preset's job (``datamask_job`` for ``pipeline``, ``datamask_upstream_job``,
+   ``datamask_cpu_demo_job``: ingestion, blocking checks, mask learning, selected subset)
    for every shard, then ``corpus_summary_job``, through Dagster's in-process executor with the
    definitions' own resources, and prints where the selected parquet files are and a summary.
 
@@ -32,9 +33,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dim", type=int, default=768, help="embedding dimension (default 768)")
     p.add_argument("--seed", type=int, default=0, help="corpus seed (default 0)")
     p.add_argument("--preset", default="pipeline", choices=settings.PRESETS,
-                   help="default method knobs (default pipeline: the measured best solver; "
-                        "upstream: the paper's learner with upstream's settings; cpu-demo: "
-                        "pipeline with CPU-sized learner knobs)")
+                   help="method knobs, i.e. which job runs the shards (default pipeline: "
+                        "datamask_job, the measured best solver; upstream: "
+                        "datamask_upstream_job, the paper's learner with upstream's settings; "
+                        "cpu-demo: datamask_cpu_demo_job, pipeline with CPU-sized learner knobs)")
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda:N (default cpu)")
     p.add_argument("--cpu-threads", type=int, default=1,
                    help="torch CPU threads of the mask step (default 1: the demo's small "
@@ -67,7 +69,6 @@ def main(argv=None) -> int:
 
     if args.data_root:
         os.environ[settings.ENV_DATA_ROOT] = args.data_root
-    os.environ[settings.ENV_PRESET] = args.preset
     os.environ[settings.ENV_DEVICE] = args.device
     os.environ[settings.ENV_CPU_THREADS] = str(args.cpu_threads)
     home = settings.ensure_dagster_home()
@@ -87,29 +88,32 @@ def main(argv=None) -> int:
               f"{raw} ({time.perf_counter() - t:.1f}s)")
         os.environ.setdefault(settings.ENV_EMBEDDING_DIM, str(args.dim))
 
-    # The definitions read the environment set above (preset, device, dimension, data root).
+    # The definitions read the environment set above (device, dimension, data root).
     import dagster as dg
 
     from assets.partitions import register_shards, scan_raw
     from datamask_pipeline.definitions import defs
+    from datamask_pipeline.jobs import PRESET_JOBS, preset_run_config
 
     instance = dg.DagsterInstance.get()
     reg = register_shards(instance, raw)
     for uri, reason in reg["invalid"]:
         print(f"skipping {uri}: {reason}", file=sys.stderr)
     keys = sorted(scan_raw(raw).shards)
+    job = defs.resolve_job_def(PRESET_JOBS[args.preset].name)
     print(f"DAGSTER_HOME={home}; {len(keys)} partition(s) ({len(reg['added'])} newly registered); "
-          f"preset {args.preset}, device {args.device}")
+          f"preset {args.preset} ({job.name}), device {args.device}")
 
-    job = defs.resolve_job_def("datamask_job")
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # no DEBUG event lines
+    # a run config given at launch replaces the job's own: keep the preset's knobs in it
+    chain_config = {**preset_run_config(args.preset), **quiet}
     failed, times = {}, {}
     for i, key in enumerate(keys, 1):
         t = time.perf_counter()
         print(f"[{i}/{len(keys)}] {key}: materializing features -> checks -> mask -> selected_subset ...",
               flush=True)
-        result = job.execute_in_process(partition_key=key, instance=instance, run_config=quiet,
-                                        raise_on_error=False)
+        result = job.execute_in_process(partition_key=key, instance=instance,
+                                        run_config=chain_config, raise_on_error=False)
         times[key] = time.perf_counter() - t
         if result.success:
             print(f"[{i}/{len(keys)}] {key}: done in {times[key]:.1f}s (run {result.run_id})", flush=True)

@@ -8,10 +8,6 @@ Every default is a local path under the repository, so a newcomer needs no confi
                             ``<data root>/raw``
 ``DAGSTER_HOME``            Dagster instance directory; default ``<repo>/.dagster_home``
                             (our commands create it and copy ``dagster.yaml`` into it)
-``DATAMASK_PRESET``         default method knobs: ``pipeline`` (default: the measured best
-                            solver), ``upstream`` (upstream's exact behaviour; the old name
-                            ``paper`` still works, with a DeprecationWarning) or ``cpu-demo``
-                            (``pipeline`` with engine.config.CPU_DEMO_PRESET)
 ``DATAMASK_DEVICE``         ``auto`` (default), ``cpu`` or ``cuda:N``
 ``DATAMASK_PRECISION``      ``fp32`` (default), ``tf32`` or ``bf16``
 ``DATAMASK_CPU_THREADS``    torch CPU threads of the mask step (default: torch's choice)
@@ -22,11 +18,30 @@ Every default is a local path under the repository, so a newcomer needs no confi
 ``DATAMASK_QUALITY_COLUMNS``  feature_arr; quality columns comma-separated, summed, with
 ``DATAMASK_QUALITY_WEIGHTS``  optional comma-separated weights)
 ``DATAMASK_EMBEDDING_COLUMN``
-``DATAMASK_SCHEDULE_CRON``  cron of the refresh schedule; default ``0 3 * * *`` (daily)
+``DATAMASK_REFRESH_CRON``  cron of the scheduled refresh of missing / code-changed shards
+                            (one backfill per tick); unset (default): off
+``DATAMASK_CATALOG_CRON``  cron of the catalog rebuild when shards changed (default hourly)
 ``DATAMASK_SENSOR_INTERVAL_S``  seconds between raw-shard sensor evaluations (default 30)
 ``DATAMASK_FAILURE_WEBHOOK``  optional http(s) URL: every failed run is POSTed there as JSON
                             (shard, run id, job, reason) by ``shard_failure_sensor``
+``DATAMASK_PRESET``         no longer read. The method knobs' presets are jobs with their run
+                            config filled in: ``datamask_job`` (``pipeline``),
+                            ``datamask_upstream_job``, ``datamask_cpu_demo_job``. When it is set,
+                            loading the definitions warns once and names the job to launch.
 ==========================  ==============================================================
+
+How the resources use them (``resources/*.py``, ``from_env``): a setting that is set when the
+code location loads becomes a ``dg.EnvVar`` field, which Dagster reads when a run starts (a
+changed value reaches the next run without a reload) and the UI shows as the variable's name,
+never its value. A setting that is not set gets its documented default as a plain value, so the
+definitions load with an empty environment and no run waits on a variable nobody set (a variable
+first set after loading is read at the next reload). We do not ``os.environ.setdefault`` the
+defaults instead: ``DATAMASK_RAW_ROOT`` and the contract's rules have no value to default to
+(unset means ``<data root>/raw`` or "no rule"), and a ``dg.EnvVar`` of an unset variable fails
+the run.
+``dg.EnvVar`` fills text fields and ``dg.EnvVar.int`` integer fields; Dagster 1.13 has no float
+source and one variable cannot fill a list, so the quality columns, weights and range travel as
+strings (``DataContract.string_settings``) that the resource parses when the run starts.
 
 Dagster-free and cheap to import.
 """
@@ -50,12 +65,12 @@ ENV_ID_COLUMN = "DATAMASK_ID_COLUMN"
 ENV_QUALITY_COLUMNS = "DATAMASK_QUALITY_COLUMNS"
 ENV_QUALITY_WEIGHTS = "DATAMASK_QUALITY_WEIGHTS"
 ENV_EMBEDDING_COLUMN = "DATAMASK_EMBEDDING_COLUMN"
-ENV_SCHEDULE_CRON = "DATAMASK_SCHEDULE_CRON"
+ENV_REFRESH_CRON = "DATAMASK_REFRESH_CRON"
+ENV_CATALOG_CRON = "DATAMASK_CATALOG_CRON"
 ENV_SENSOR_INTERVAL = "DATAMASK_SENSOR_INTERVAL_S"
 ENV_FAILURE_WEBHOOK = "DATAMASK_FAILURE_WEBHOOK"
 
 PRESETS = ("pipeline", "upstream", "cpu-demo")
-DEFAULT_CRON = "0 3 * * *"
 
 
 def repo_root() -> Path:
@@ -67,8 +82,13 @@ def repo_root() -> Path:
     return Path.cwd()
 
 
+def default_data_root() -> str:
+    """``<repo>/data``: the data root when ``DATAMASK_DATA_ROOT`` is not set."""
+    return str(repo_root() / "data")
+
+
 def data_root() -> str:
-    return os.environ.get(ENV_DATA_ROOT) or str(repo_root() / "data")
+    return os.environ.get(ENV_DATA_ROOT) or default_data_root()
 
 
 def raw_root(root: str | None = None) -> str:
@@ -97,6 +117,11 @@ def ensure_dagster_home() -> str:
     return home
 
 
+def is_set(name: str) -> bool:
+    """Whether environment variable ``name`` holds a non-blank value (blank counts as unset)."""
+    return bool(os.environ.get(name, "").strip())
+
+
 def env_int(name: str) -> int | None:
     v = os.environ.get(name, "").strip()
     if not v:
@@ -107,28 +132,11 @@ def env_int(name: str) -> int | None:
         raise ValueError(f"environment variable {name}={v!r}: expected an integer") from None
 
 
-def env_float(name: str) -> float | None:
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return None
-    try:
-        return float(v)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={v!r}: expected a number") from None
-
-
-def env_list(name: str) -> list[str] | None:
-    v = os.environ.get(name, "").strip()
-    if not v:
-        return None
-    return [p.strip() for p in v.split(",") if p.strip()]
-
-
-def preset() -> str:
-    p = (os.environ.get(ENV_PRESET) or "pipeline").strip().lower()
-    if p not in PRESETS and p not in _deprecated_presets():
-        raise ValueError(f"environment variable {ENV_PRESET}={p!r}: choose one of {PRESETS}")
-    return p
+def preset_env() -> str | None:
+    """The value of the retired ``DATAMASK_PRESET`` (lower case), or None when it is unset;
+    ``jobs.warn_preset_env`` turns it into a warning naming the job to launch instead."""
+    v = os.environ.get(ENV_PRESET, "").strip().lower()
+    return v or None
 
 
 def _deprecated_presets() -> dict:
@@ -137,14 +145,15 @@ def _deprecated_presets() -> dict:
     return DEPRECATED_PROFILES
 
 
-def learner_defaults(preset_name: str | None = None) -> dict:
-    """The method knobs' defaults of a preset: an engine profile (``pipeline``, ``upstream``;
-    deprecated names warn), or ``cpu-demo`` = ``pipeline`` with ``CPU_DEMO_PRESET``."""
+def learner_defaults(preset_name: str = "pipeline") -> dict:
+    """Every method knob's value in a preset: an engine profile (``pipeline``, ``upstream``;
+    deprecated names warn), or ``cpu-demo`` = ``pipeline`` with ``CPU_DEMO_PRESET``. The
+    values live in ``engine.config``; nothing here reads the environment."""
     from .engine.config import CPU_DEMO_PRESET, profile_defaults
 
-    name = (preset_name or preset()).strip().lower()
+    name = str(preset_name).strip().lower()
     if name == "cpu-demo":
         return {**profile_defaults("pipeline"), **CPU_DEMO_PRESET}
     if name not in PRESETS and name not in _deprecated_presets():
-        raise ValueError(f"unknown preset {name!r}: choose one of {PRESETS}")
+        raise ValueError(f"unknown preset {preset_name!r}: choose one of {PRESETS}")
     return profile_defaults(name)

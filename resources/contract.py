@@ -7,14 +7,42 @@ resource only carries the per-deployment settings.
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import dagster as dg
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from datamask_pipeline import settings
 from datamask_pipeline.engine.data import Columns
+
+# The contract's settings that dg.EnvVar cannot fill (a list, a float): their variables, given
+# to the resource as strings (``string_settings``).
+STRING_FIELDS = {
+    "quality_columns": settings.ENV_QUALITY_COLUMNS,
+    "quality_weights": settings.ENV_QUALITY_WEIGHTS,
+    "quality_min": settings.ENV_QUALITY_MIN,
+    "quality_max": settings.ENV_QUALITY_MAX,
+}
+
+
+def _parse_string(field: str, value: str):
+    """One string setting as its field's value: comma-separated names or numbers for the lists,
+    one number (or blank: unset) for the range ends. Errors name the field and its variable."""
+    where = f"contract setting {field} (env {STRING_FIELDS[field]}) = {value!r}"
+    parts = [p.strip() for p in str(value).split(",") if p.strip()]
+    if field == "quality_columns":
+        if not parts:
+            raise ValueError(f"{where}: expected one or more column names, comma-separated")
+        return parts
+    try:
+        numbers = [float(p) for p in parts]
+    except ValueError:
+        raise ValueError(f"{where}: expected numbers") from None
+    if field == "quality_weights":
+        return numbers or None
+    if len(numbers) > 1:
+        raise ValueError(f"{where}: expected one number")
+    return numbers[0] if numbers else None
 
 
 class DataContract(dg.ConfigurableResource):
@@ -48,22 +76,67 @@ class DataContract(dg.ConfigurableResource):
         description="Optional raw column with a source/domain label; when present the shard "
         "report shows per-source retention.",
     )
+    text_column: Optional[str] = Field(
+        default="text",
+        description="Raw text column. A shard without the embedding column but with this one "
+        "is embedded from its text while ingesting (engine.embed). Unset: embeddings required.",
+    )
+    embedding_model: str = Field(
+        default="wordllama",
+        description="Model for text-only shards: wordllama (default; ships in its PyPI package, "
+        "runs offline, 256-d; wordllama:128 / wordllama:64 truncate it) or a sentence-"
+        "transformers model name or local directory. Changing it changes the features' data "
+        "version.",
+    )
+    embedding_max_tokens: Optional[int] = Field(
+        default=None,
+        description="Tokens embedded per text (per window when pooling is chunks). Unset: the "
+        "model's limit (512 for wordllama); longer texts are truncated.",
+    )
+    embedding_pooling: str = Field(
+        default="truncate",
+        description="Long texts: truncate (embed the first max tokens) or chunks (embed windows "
+        "of max tokens, up to 64, and average them by token count).",
+    )
+    string_settings: dict[str, str] = Field(
+        default={},
+        description="Settings given as strings, as environment variables arrive: {field: string}, "
+        "parsed when the run starts into quality_columns / quality_weights (comma-separated) "
+        "or quality_min / quality_max (a number), replacing that field. from_env() fills it "
+        "with dg.EnvVar(DATAMASK_QUALITY_COLUMNS / _WEIGHTS / _MIN / _MAX).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse_string_settings(cls, data):
+        """String settings into their typed fields. While the definitions load the values are
+        still ``dg.EnvVar`` names (nothing to parse); Dagster resolves them when a run starts
+        and builds the resource again, with the strings."""
+        if not isinstance(data, dict) or not data.get("string_settings"):
+            return data
+        given = data["string_settings"]
+        unknown = sorted(set(given) - set(STRING_FIELDS))
+        if unknown:
+            raise ValueError(f"string_settings: unknown setting(s) {unknown}: choose from {list(STRING_FIELDS)}")
+        out = dict(data)
+        for field, value in given.items():
+            if isinstance(value, dg.EnvVar):
+                continue
+            out[field] = _parse_string(field, value)
+        return out
 
     @classmethod
     def from_env(cls) -> "DataContract":
-        kw = {}
-        if os.environ.get(settings.ENV_ID_COLUMN):
-            kw["id_column"] = os.environ[settings.ENV_ID_COLUMN]
-        if settings.env_list(settings.ENV_QUALITY_COLUMNS):
-            kw["quality_columns"] = settings.env_list(settings.ENV_QUALITY_COLUMNS)
-        if settings.env_list(settings.ENV_QUALITY_WEIGHTS):
-            kw["quality_weights"] = [float(w) for w in settings.env_list(settings.ENV_QUALITY_WEIGHTS)]
-        if os.environ.get(settings.ENV_EMBEDDING_COLUMN):
-            kw["embedding_column"] = os.environ[settings.ENV_EMBEDDING_COLUMN]
-        kw["expected_dim"] = settings.env_int(settings.ENV_EMBEDDING_DIM)
-        kw["quality_min"] = settings.env_float(settings.ENV_QUALITY_MIN)
-        kw["quality_max"] = settings.env_float(settings.ENV_QUALITY_MAX)
-        return cls(**kw)
+        """Every contract variable that is set now as a ``dg.EnvVar`` (read again when each run
+        starts); the field defaults for the others."""
+        kw = {field: dg.EnvVar(name) for field, name in
+              (("id_column", settings.ENV_ID_COLUMN), ("embedding_column", settings.ENV_EMBEDDING_COLUMN))
+              if settings.is_set(name)}
+        if settings.is_set(settings.ENV_EMBEDDING_DIM):
+            kw["expected_dim"] = dg.EnvVar.int(settings.ENV_EMBEDDING_DIM)
+        strings = {field: dg.EnvVar(name) for field, name in STRING_FIELDS.items()
+                   if settings.is_set(name)}
+        return cls(**kw, string_settings=strings) if strings else cls(**kw)
 
     def columns(self) -> Columns:
         """The engine's column mapping (validates names and weights)."""
@@ -72,7 +145,15 @@ class DataContract(dg.ConfigurableResource):
             quality=tuple(self.quality_columns),
             quality_weights=None if self.quality_weights is None else tuple(self.quality_weights),
             embedding=self.embedding_column,
+            text=self.text_column,
         )
+
+    def embedder(self):
+        """The embedding model for text-only shards (``engine.embed``), loaded on call."""
+        from datamask_pipeline.engine.embed import load_embedder
+
+        return load_embedder(self.embedding_model, max_tokens=self.embedding_max_tokens,
+                             pooling=self.embedding_pooling)
 
     @property
     def quality_range(self) -> tuple | None:

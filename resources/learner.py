@@ -5,7 +5,6 @@ definitions does not pay for it."""
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from typing import Callable, Optional
 
@@ -63,11 +62,14 @@ class MaskLearner(dg.ConfigurableResource):
 
     @classmethod
     def from_env(cls) -> "MaskLearner":
-        return cls(
-            device=os.environ.get(settings.ENV_DEVICE) or "auto",
-            precision=os.environ.get(settings.ENV_PRECISION) or "fp32",
-            cpu_threads=settings.env_int(settings.ENV_CPU_THREADS) or 0,
-        )
+        """``DATAMASK_DEVICE`` / ``_PRECISION`` / ``_CPU_THREADS`` as ``dg.EnvVar`` fields when
+        they are set now (read again when each run starts), the field defaults otherwise."""
+        kw = {field: dg.EnvVar(name) for field, name in
+              (("device", settings.ENV_DEVICE), ("precision", settings.ENV_PRECISION))
+              if settings.is_set(name)}
+        if settings.is_set(settings.ENV_CPU_THREADS):
+            kw["cpu_threads"] = dg.EnvVar.int(settings.ENV_CPU_THREADS)
+        return cls(**kw)
 
     # ------------------------------------------------------------------ pieces
     def torch_device(self):

@@ -30,21 +30,25 @@ class DataRoot(dg.ConfigurableResource):
     """Owns the data root URI, the raw location and the derived per-partition paths."""
 
     root: str = Field(
-        default_factory=settings.data_root,
-        description="Data root: a local path or URI (s3://, gs://, file://). Default: env "
-        "DATAMASK_DATA_ROOT, else <repo>/data.",
+        default_factory=settings.default_data_root,
+        description="Data root: a local path or URI (s3://, gs://, file://). Default: <repo>/data; "
+        "from_env() reads env DATAMASK_DATA_ROOT when a run starts.",
     )
     raw: Optional[str] = Field(
         default=None,
-        description="Where raw shards (*.parquet, one partition each) are read. Default: env "
-        "DATAMASK_RAW_ROOT, else <root>/raw.",
+        description="Where raw shards (*.parquet, one partition each) are read. Default: "
+        "<root>/raw; from_env() reads env DATAMASK_RAW_ROOT when a run starts.",
     )
 
     @classmethod
     def from_env(cls) -> "DataRoot":
-        import os
-
-        return cls(root=settings.data_root(), raw=os.environ.get(settings.ENV_RAW_ROOT) or None)
+        """``DATAMASK_DATA_ROOT`` / ``DATAMASK_RAW_ROOT`` as ``dg.EnvVar`` fields when they are
+        set now (read again when each run starts), the defaults otherwise."""
+        kw = {field: dg.EnvVar(name) for field, name in
+              (("root", settings.ENV_DATA_ROOT), ("raw", settings.ENV_RAW_ROOT))
+              if settings.is_set(name)}
+        kw.setdefault("root", settings.default_data_root())  # spelled out: the UI shows it
+        return cls(**kw)
 
     # ------------------------------------------------------------------ locations
     @property

@@ -2,27 +2,27 @@
 (3 shards x 400 rows, 16-d), a temporary Dagster instance, the resources, and a helper that
 materializes the per-shard chain of one partition with the in-process executor.
 
-The environment of the test process selects the ``cpu-demo`` preset, so MaskConfig's defaults
-(what schedules, sensors and a bare CLI run use) are small; explicit configs are tinier still.
+MaskConfig's defaults (what schedules, sensors and a bare CLI run use) are the ``pipeline``
+profile, read from no environment: solver ``auto``, which on these 400-row shards runs no
+learner, so default runs stay fast. Tests that need the learner pass ``solver="paper"`` with
+the ``TINY`` knobs.
 """
 
 import os
 import tempfile
 
-os.environ.setdefault("DATAMASK_PRESET", "cpu-demo")  # before assets.learn is imported
+import dagster as dg
+import pytest
+from dagster_duckdb import DuckDBResource
 
-import dagster as dg  # noqa: E402
-import pytest  # noqa: E402
-from dagster_duckdb import DuckDBResource  # noqa: E402
+from assets.learn import MaskConfig
+from assets.partitions import register_shards
+from datamask_pipeline.engine.sample import generate_corpus
+from resources.contract import DataContract
+from resources.learner import MaskLearner
+from resources.storage import DataRoot
 
-from assets.learn import MaskConfig  # noqa: E402
-from assets.partitions import register_shards  # noqa: E402
-from datamask_pipeline.engine.sample import generate_corpus  # noqa: E402
-from resources.contract import DataContract  # noqa: E402
-from resources.learner import MaskLearner  # noqa: E402
-from resources.storage import DataRoot  # noqa: E402
-
-from .helpers import ALL_ASSETS, CHAIN, DIM, KEYS, ROWS, SHARDS, TINY  # noqa: E402
+from .helpers import ALL_ASSETS, CHAIN, DIM, KEYS, ROWS, SHARDS, TINY
 
 
 @pytest.fixture
@@ -60,6 +60,7 @@ def resources(data_root) -> dict:
         "learner": MaskLearner(device="cpu", cpu_threads=1, log_interval_s=0.5,
                                shard_report=False),
         "duckdb": DuckDBResource(database=":memory:"),
+        "catalog": DuckDBResource(database=data_root.catalog()),
     }
 
 
