@@ -11,11 +11,14 @@ are the blocking checks of :mod:`assets.validate`, which read the features file 
 from datetime import timedelta
 
 import dagster as dg
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from datamask_pipeline.engine import contract as C
 from datamask_pipeline.engine import storage
+from datamask_pipeline.engine.config import ConfigError
 from datamask_pipeline.engine.data import (
     RULE_ID_INT64,
     RULE_READABLE,
@@ -26,7 +29,7 @@ from datamask_pipeline.engine.data import (
 from resources.contract import DataContract
 from resources.storage import DataRoot
 
-from .partitions import shards
+from .partitions import scan_raw, shards
 
 GROUP = "datamask"
 # Who answers for these assets in the UI, and the pipeline step each one is (a tag to filter by).
@@ -52,17 +55,24 @@ ROW_GROUP_ROWS = 8192
 ID, QUALITY, EMBEDDING = "id", "quality", "embedding"
 EMBEDDING_TYPE = pa.list_(pa.float32())
 
-raw_shard = dg.AssetSpec(
-    "raw_shard",
+@dg.observable_source_asset(
+    name="raw_shard",
     partitions_def=shards,
     group_name=GROUP,
-    kinds={"parquet"},
-    owners=OWNERS,
-    tags=stage("ingest"),
+    tags={**stage("ingest"), "dagster/kind/parquet": ""},
     description="A raw parquet shard under the raw location (one file per partition): an id "
     "column, numeric quality column(s), an embedding column (list of floats) and any other "
-    "columns (text, source ...). Written by you, not by Dagster.",
+    "columns (text, source ...). Written by you, not by Dagster. Observable: its data version "
+    "per shard is the file's size and modification time from one listing of the raw location "
+    "(no per-file stat); a new version makes the shard's chain update (datamask_pipeline/"
+    "automation.py).",
 )
+def raw_shard(context, data_root: DataRoot) -> dg.DataVersionsByPartition:
+    """Data versions of every registered shard, from one listing (``scan_raw``)."""
+    registered = set(context.instance.get_dynamic_partitions(shards.name))
+    scan = scan_raw(data_root.raw_root)
+    return dg.DataVersionsByPartition(
+        {key: scan.signature(key) for key in scan.files if key in registered})
 
 
 def features_schema(id_type: pa.DataType) -> pa.Schema:
@@ -73,10 +83,12 @@ def _canonical_id_type(t: pa.DataType) -> pa.DataType:
     return pa.int64() if pa.types.is_integer(t) else pa.string()
 
 
-def canonical_batch(batch: pa.RecordBatch, columns: Columns, path: str, id_type) -> pa.RecordBatch:
+def canonical_batch(batch: pa.RecordBatch, columns: Columns, path: str, id_type,
+                    embeddings=None) -> pa.RecordBatch:
     """Map one raw batch to the canonical schema. Nulls, NaN and Inf pass through unchanged
     (the validation checks report them); float64 embeddings become float32 (values beyond
-    float32's range become Inf, which the checks catch)."""
+    float32's range become Inf, which the checks catch). ``embeddings``: the batch's computed
+    vectors, (rows, d) float32, for a text-only shard."""
     raw_id = batch.column(columns.id)
     try:
         ids = pc.cast(raw_id, id_type)
@@ -89,13 +101,24 @@ def canonical_batch(batch: pa.RecordBatch, columns: Columns, path: str, id_type)
         col = pc.cast(batch.column(name), pa.float64(), safe=False)
         term = col if w == 1.0 else pc.multiply(col, pa.scalar(float(w)))
         q = term if q is None else pc.add(q, term)
-    emb = pc.cast(batch.column(columns.embedding), EMBEDDING_TYPE, safe=False)
+    if embeddings is None:
+        emb = pc.cast(batch.column(columns.embedding), EMBEDDING_TYPE, safe=False)
+    else:
+        m, d = embeddings.shape
+        emb = pa.ListArray.from_arrays(pa.array(np.arange(0, (m + 1) * d, d, dtype=np.int32)),
+                                       pa.array(embeddings.reshape(-1)))
     return pa.RecordBatch.from_arrays([ids, q, emb], schema=features_schema(id_type))
 
 
-def write_features(raw_uri: str, out_uri: str, columns: Columns) -> dict:
+def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=None,
+                   checkpoint_dir=None, expected_dim=None, progress=None) -> dict:
     """Stream ``raw_uri``'s id/quality/embedding columns into the canonical ``out_uri``
-    (published atomically). Returns rows, bytes, sha256, embedding dimension counts."""
+    (published atomically). Returns rows, bytes, sha256, embedding dimension counts and
+    ``embedding`` (the ``engine.embed.EmbedResult`` of a text-only shard, else None).
+
+    A text-only shard (``Columns.source``) is embedded first by ``embedder`` (an Embedder or a
+    function returning one: the model loads only then), in chunks under ``checkpoint_dir``
+    (resumable); its vectors must have ``expected_dim`` when that is set."""
     fs, path = storage.resolve(raw_uri)
     try:
         src = fs.open_input_file(path)
@@ -105,7 +128,11 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns) -> dict:
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise DataContractError(raw_uri, RULE_READABLE, detail=str(exc)) from exc
     try:
-        check_schema(pf.schema_arrow, str(raw_uri), columns)
+        source = check_schema(pf.schema_arrow, str(raw_uri), columns)
+        embedded = None
+        if source == C.TEXT:
+            embedded = _embed(raw_uri, columns, embedder, checkpoint_dir, expected_dim, progress)
+            reader = embedded.reader()
         id_type = _canonical_id_type(pf.schema_arrow.field(columns.id).type)
         schema = features_schema(id_type)
         rows = 0
@@ -113,7 +140,8 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns) -> dict:
         with storage.atomic_output(out_uri) as fh:
             writer = pq.ParquetWriter(fh, schema, compression="zstd")
             try:
-                it = pf.iter_batches(batch_size=BATCH_ROWS, columns=columns.needed(), use_threads=False)
+                wanted = [c for c in columns.needed() if embedded is None or c != columns.embedding]
+                it = pf.iter_batches(batch_size=BATCH_ROWS, columns=wanted, use_threads=False)
                 while True:
                     try:
                         batch = next(it)
@@ -121,7 +149,8 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns) -> dict:
                         break
                     except (OSError, pa.ArrowException) as exc:
                         raise DataContractError(raw_uri, RULE_READABLE, detail=str(exc)) from exc
-                    out = canonical_batch(batch, columns, str(raw_uri), id_type)
+                    out = canonical_batch(batch, columns, str(raw_uri), id_type, None
+                                          if embedded is None else reader.take(batch.num_rows))
                     writer.write_batch(out, row_group_size=ROW_GROUP_ROWS)
                     rows += out.num_rows
                     vc = pc.value_counts(pc.list_value_length(out.column(EMBEDDING)))
@@ -132,7 +161,38 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns) -> dict:
     finally:
         src.close()
     return {"rows": rows, "bytes": storage.size(out_uri), "sha256": storage.sha256(out_uri),
-            "dims": dims, "id_type": str(id_type)}
+            "dims": dims, "id_type": str(id_type), "embedding": embedded}
+
+
+def _embed(raw_uri, columns: Columns, embedder, checkpoint_dir, expected_dim, progress):
+    """The text-only shard's embeddings (``engine.embed.embed_shard``)."""
+    from datamask_pipeline.engine import embed
+
+    embedder = embed.load_embedder() if embedder is None else (
+        embedder() if callable(embedder) else embedder)
+    if expected_dim is not None and int(expected_dim) != embedder.dim:
+        raise DataContractError(raw_uri, C.rule_expected_dim(int(expected_dim)),
+                                column=columns.text, detail=f"the embedding model "
+                                f"{embedder.name} gives {embedder.dim}-d vectors")
+    if checkpoint_dir is None:
+        raise ValueError("a text-only shard needs a checkpoint_dir for its embedding chunks")
+    return embed.embed_shard(raw_uri, checkpoint_dir, columns.text, embedder,
+                             id_column=columns.id, progress=progress)
+
+
+def _embed_log(context, key: str, every_s: float = 10.0):
+    """Embedding progress in the run log: at most one line per ``every_s`` seconds, and the
+    last chunk."""
+    last = [float("-inf")]
+
+    def log(p) -> None:
+        if p.chunks_done == p.chunks or p.seconds - last[0] >= every_s:
+            last[0] = p.seconds
+            context.log.info(f"partition {key}: embedded {p.rows_done}/{p.rows} rows (chunk "
+                             f"{p.chunks_done}/{p.chunks}, {p.reused} reused from the "
+                             f"checkpoint), {p.seconds:.1f} s")
+
+    return log
 
 
 @dg.asset(
@@ -150,20 +210,33 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
     """Canonical features of one shard: ``id`` (int64 or string), ``quality`` (float64, the
     weighted sum of the raw quality columns) and ``embedding`` (list<float32>), row for row as
     in the raw file. Text and other raw columns are not copied. Data version: the SHA-256 of
-    the written parquet."""
+    the written parquet.
+
+    A text-only shard (the text column, no embedding column) is embedded here, on CPU, by the
+    contract's embedding model, in chunks under ``checkpoints/<key>.embeddings/`` (a retried or
+    re-run step reuses the chunks already written; removed once the features are published).
+    The embedding model's name and version are in the metadata and change the data version."""
     key = context.partition_key
     raw_uri = data_root.raw_shard(key)
     out_uri = data_root.features(key)
     columns = contract.columns()
+    embed_dir = storage.safe_child(data_root.root, f"checkpoints/{key}.embeddings")
     try:
-        info = write_features(raw_uri, out_uri, columns)
-    except (DataContractError, storage.StorageError) as exc:
+        info = write_features(raw_uri, out_uri, columns, embedder=contract.embedder,
+                              checkpoint_dir=embed_dir, expected_dim=contract.expected_dim,
+                              progress=_embed_log(context, key))
+    except (DataContractError, storage.StorageError, ConfigError) as exc:
         raise dg.Failure(
             description=f"partition {key!r}: ingestion failed: {exc}",
             metadata={"raw_uri": dg.MetadataValue.path(str(raw_uri))},
             allow_retries=False,
         ) from exc
     context.log.info(f"partition {key}: {info['rows']} rows, {info['bytes']} bytes -> {out_uri}")
+    embedded = info["embedding"]
+    if embedded is not None:
+        from datamask_pipeline.engine.embed import remove_checkpoint
+
+        remove_checkpoint(embed_dir)
     dims = {str(k): v for k, v in sorted(info["dims"].items(), key=lambda kv: (kv[0] is None, kv[0] or 0))}
     return dg.MaterializeResult(
         metadata={
@@ -172,8 +245,11 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
                 dg.TableColumn(ID, info["id_type"], description=f"raw column {columns.id!r}"),
                 dg.TableColumn(QUALITY, "double", description=(
                     " + ".join(f"{w:g}*{c}" for c, w in zip(columns.quality, columns.weights)))),
-                dg.TableColumn(EMBEDDING, "list<float>", description=f"raw column {columns.embedding!r}"),
+                dg.TableColumn(EMBEDDING, "list<float>", description=(
+                    f"raw column {columns.embedding!r}" if embedded is None else
+                    f"computed from raw column {columns.text!r} by {embedded.model}")),
             ]),
+            **({} if embedded is None else embedded.metadata()),
             "bytes": info["bytes"],
             "sha256": info["sha256"],
             "embedding_dims": dg.MetadataValue.json(dims),

@@ -51,8 +51,20 @@ def scan_raw(raw_root) -> RawScan:
     return out
 
 
+RAW_SHARD_KEY = dg.AssetKey("raw_shard")
+
+
+def raw_observations(scan: RawScan, keys) -> list:
+    """One ``raw_shard`` observation per key: its data version is the file's signature from the
+    listing (what the observable source ``raw_shard`` reports for it)."""
+    return [dg.AssetObservation(asset_key=RAW_SHARD_KEY, partition=key,
+                                tags={"dagster/data_version": scan.signature(key)})
+            for key in keys]
+
+
 def register_shards(instance: dg.DagsterInstance, raw_root) -> dict:
-    """Register every shard under ``raw_root`` that is not yet a partition.
+    """Register every shard under ``raw_root`` that is not yet a partition, and record its
+    ``raw_shard`` data version (so that automation sees a present, observed source).
 
     Returns ``{"added": [keys], "existing": [keys], "invalid": [(uri, reason)]}``; files whose
     names are not valid keys are reported, never registered."""
@@ -61,6 +73,8 @@ def register_shards(instance: dg.DagsterInstance, raw_root) -> dict:
     added = [k for k in sorted(scan.shards) if k not in known]
     if added:
         instance.add_dynamic_partitions(PARTITIONS_NAME, added)
+        for obs in raw_observations(scan, added):
+            instance.report_runless_asset_event(obs)
     return {
         "added": added,
         "existing": sorted(k for k in scan.shards if k in known),

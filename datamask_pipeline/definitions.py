@@ -12,24 +12,32 @@ from assets.ingest import features, raw_shard
 from assets.learn import mask
 from assets.report import corpus_summary
 from assets.select import selected_subset
+from assets.shard_report import shard_report
 from assets.validate import validate_features
 from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.storage import DataRoot
 
+from .automation import automate, automation_sensor
 from .failures import shard_failure_sensor
-from .jobs import corpus_summary_job, datamask_job
-from .schedules import refresh_stale_shards
+from .jobs import corpus_summary_job, datamask_cpu_demo_job, datamask_job, datamask_upstream_job
 from .sensors import raw_shard_sensor
 
 
 def resources_from_env() -> dict:
+    """The resources, with every DATAMASK_* variable that is set as a ``dg.EnvVar`` (read when
+    a run starts) and the documented defaults for the others (``settings``)."""
+    from . import settings
+
     return {
         "data_root": DataRoot.from_env(),
         "contract": DataContract.from_env(),
         "learner": MaskLearner.from_env(),
         # In memory: every check step opens its own database, nothing is shared on disk.
         "duckdb": DuckDBResource(database=":memory:"),
+        # The corpus catalog, rebuilt (atomically) by corpus_summary only. Its path is derived
+        # from the data root, so it is fixed when the definitions load.
+        "catalog": DuckDBResource(database=DataRoot(root=settings.data_root()).catalog()),
     }
 
 
@@ -43,12 +51,14 @@ def _executor():
     return dg.in_process_executor
 
 
+ASSETS = automate([raw_shard, features, mask, shard_report, selected_subset, corpus_summary])
+
 defs = dg.Definitions(
-    assets=[raw_shard, features, mask, selected_subset, corpus_summary],
+    assets=ASSETS,
     asset_checks=[validate_features],
-    jobs=[datamask_job, corpus_summary_job],
-    sensors=[raw_shard_sensor, shard_failure_sensor],
-    schedules=[refresh_stale_shards],
+    jobs=[datamask_job, datamask_upstream_job, datamask_cpu_demo_job, corpus_summary_job],
+    sensors=[raw_shard_sensor, shard_failure_sensor,
+             automation_sensor(dg.AssetSelection.all() - dg.AssetSelection.assets(raw_shard.key))],
     resources=resources_from_env(),
     # The chain is strictly sequential (features -> checks -> mask -> subset), so separate
     # step processes would buy no parallelism and cost a re-import (dagster, torch) per step.

@@ -1,43 +1,48 @@
-"""The refresh schedule: one run per registered shard whose selection is missing or stale.
+"""What a refresh would launch, before it launches: a dry run with an estimate in GPU-hours.
 
-A shard is *stale* (first reason found wins) when
+    python -m datamask_pipeline.plan [--json] [--limit N]
 
-1. it has no ``selected_subset`` materialization (missing);
-2. ``features`` was materialized after ``mask``, or ``mask`` after ``selected_subset`` (an
-   upstream output is newer than what was built from it);
-3. the code version recorded on any of the three materializations differs from the code's
-   current ``code_version`` (the logic changed);
-4. the config hash recorded by the latest ``mask`` differs from the hash of the config the
-   schedule runs with (the defaults of ``MaskConfig``, so ``DATAMASK_PRESET`` counts);
-5. the raw file was modified after the latest ingestion, or the selected parquet is gone.
+Dagster's automation (``datamask_pipeline/automation.py``) decides what runs; this command
+only reads. It lists every registered shard whose selection is missing or out of date, with
+the reason (first found wins):
+
+1. no ``selected_subset`` materialization (missing), or an upstream step never materialized;
+2. an upstream output is newer than what was built from it (``features`` after ``mask``,
+   ``mask`` after ``selected_subset``);
+3. the code version recorded on a materialization differs from the code's current
+   ``code_version`` (what the scheduled refresh picks up; off until ``DATAMASK_REFRESH_CRON``
+   is set, so that a code change never launches every shard silently);
+4. the raw file is newer than the latest ingestion (the raw-shard sensor records it and
+   automation launches it), or the selected parquet file is gone.
+
+It then estimates the cost of running them: rows per shard from the latest ``features``
+materialization (for never-ingested shards, the raw file's bytes times the median rows per
+raw byte of ingested ones) and seconds per row from this instance's own ``mask``
+materializations (median ``step_wall_time_s`` / rows). With no mask run yet, the time is
+reported as unknown rather than guessed.
 
 The scan is batched: a few event-log queries per asset and one listing per location, whatever
-the number of shards, and one tick requests at most ``DATAMASK_SCHEDULE_MAX_RUNS`` runs
-(default 100; the rest wait for the next tick).
-
-Cron: env ``DATAMASK_SCHEDULE_CRON`` (default daily at 03:00). Stopped by default.
+the number of shards (``bench/orchestration.py`` measures it up to 10,000 shards).
 """
 
-import os
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field
 
 import dagster as dg
 
 from assets.ingest import features
-from assets.learn import mask, scheduled_config_hash
+from assets.learn import mask
 from assets.partitions import PARTITIONS_NAME, scan_raw
 from assets.select import selected_subset
-from datamask_pipeline import settings
 from datamask_pipeline.engine import storage
 from resources.storage import DataRoot
 
-from .jobs import datamask_job
-
-ENV_MAX_RUNS = "DATAMASK_SCHEDULE_MAX_RUNS"
-
 CHAIN = (features, mask, selected_subset)
-# Runs one tick may request; the rest wait for the next tick (a code or config change must not
-# launch every shard at once). Env DATAMASK_SCHEDULE_MAX_RUNS.
-DEFAULT_MAX_RUNS = 100
 ID_CHUNK = 1000  # storage ids per event-log query
 
 
@@ -66,19 +71,55 @@ def _selected_files(data_root: DataRoot) -> set:
     return {storage.partition_key_for(u) for u in uris}
 
 
+def _code_version(asset_def) -> str | None:
+    return asset_def.code_versions_by_key[asset_def.key]
+
+
+def _meta(rec, name):
+    entry = rec.asset_materialization.metadata.get(name) if rec is not None else None
+    return None if entry is None else entry.value
+
+
+@dataclass
+class Plan:
+    """The shards a refresh would run, why, and what that would cost."""
+
+    registered: int
+    reasons: dict  # key -> reason
+    rows: dict = field(default_factory=dict)  # key -> rows (measured or estimated)
+    rows_estimated: list = field(default_factory=list)  # keys whose rows are estimated
+    seconds_per_row: float | None = None  # median over this instance's mask runs
+    mask_runs_measured: int = 0
+
+    @property
+    def total_rows(self) -> int:
+        return int(sum(self.rows.get(k, 0) for k in self.reasons))
+
+    @property
+    def gpu_hours(self) -> float | None:
+        if self.seconds_per_row is None:
+            return None
+        return self.total_rows * self.seconds_per_row / 3600.0
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out.update(to_run=len(self.reasons), total_rows=self.total_rows, gpu_hours=self.gpu_hours)
+        return out
+
+
 def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
-                  expected_config_hash: str) -> dict:
+                  records: dict | None = None) -> dict:
     """{key: why the shard needs a run} for every shard of ``keys`` that does (up-to-date ones
     are left out). Three event-log queries per asset (not per shard) and one listing each of
     the raw and the selected location, whatever the number of shards."""
     keys = list(keys)
-    recs = {a.key: _latest_records(instance, a.key, keys) for a in CHAIN}
+    recs = records or {a.key: _latest_records(instance, a.key, keys) for a in CHAIN}
     try:
         raw = scan_raw(data_root.raw_root).files
     except storage.StorageError:
         raw = {}
     selected = _selected_files(data_root)
-    current = {a.key: a.code_versions_by_key[a.key] for a in CHAIN}
+    current = {a.key: _code_version(a) for a in CHAIN}
     out = {}
     for key in keys:
         feats, msk, sel = (recs[a.key].get(key) for a in CHAIN)
@@ -98,12 +139,6 @@ def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
                     reason = (f"stale: code version of {asset_def.key.to_user_string()} changed "
                               f"({got} -> {current[asset_def.key]})")
                     break
-            if reason is None:
-                entry = msk.asset_materialization.metadata.get("config_hash")
-                got_hash = None if entry is None else str(entry.value)
-                if got_hash != expected_config_hash:
-                    reason = (f"stale: config hash {got_hash} differs from the scheduled config "
-                              f"{expected_config_hash}")
             if reason is None and key in raw and raw[key][1] / 1e9 > feats.timestamp:
                 reason = "stale: the raw shard was modified after ingestion"
             if reason is None and key not in selected:
@@ -113,34 +148,71 @@ def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
     return out
 
 
-def stale_reason(instance: dg.DagsterInstance, key: str, data_root: DataRoot,
-                 expected_config_hash: str) -> str | None:
-    """Why shard ``key`` needs a run, or None when its selection is up to date."""
-    return stale_reasons(instance, [key], data_root, expected_config_hash).get(key)
+def plan(instance: dg.DagsterInstance, data_root: DataRoot) -> Plan:
+    """The dry run: what needs a run and what it would cost (see the module doc)."""
+    keys = sorted(instance.get_dynamic_partitions(PARTITIONS_NAME))
+    recs = {a.key: _latest_records(instance, a.key, keys) for a in CHAIN}
+    reasons = stale_reasons(instance, keys, data_root, records=recs)
+    out = Plan(registered=len(keys), reasons=reasons)
+
+    rows = {k: _meta(r, "dagster/row_count") for k, r in recs[features.key].items()}
+    rows = {k: int(v) for k, v in rows.items() if v is not None}
+    try:
+        raw = scan_raw(data_root.raw_root).files
+    except storage.StorageError:
+        raw = {}
+    per_byte = [rows[k] / raw[k][0] for k in rows if k in raw and raw[k][0]]
+    ratio = statistics.median(per_byte) if per_byte else None
+    for key in reasons:
+        if key not in rows and key in raw and ratio is not None:
+            rows[key] = int(round(raw[key][0] * ratio))
+            out.rows_estimated.append(key)
+    out.rows = {k: rows[k] for k in reasons if k in rows}
+
+    rates = []
+    for key, rec in recs[mask.key].items():
+        wall, n = _meta(rec, "step_wall_time_s"), _meta(rec, "dagster/row_count")
+        if wall is not None and n:
+            rates.append(float(wall) / int(n))
+    out.mask_runs_measured = len(rates)
+    out.seconds_per_row = statistics.median(rates) if rates else None
+    return out
 
 
-@dg.schedule(
-    name="refresh_stale_shards",
-    job=datamask_job,
-    cron_schedule=os.environ.get(settings.ENV_SCHEDULE_CRON) or settings.DEFAULT_CRON,
-    default_status=dg.DefaultScheduleStatus.STOPPED,
-    description="Launches one datamask_job run per registered shard whose selection is missing "
-    "or stale (see datamask_pipeline/schedules.py for the rules).",
-)
-def refresh_stale_shards(context: dg.ScheduleEvaluationContext, data_root: DataRoot):
-    expected = scheduled_config_hash()
-    # One run per shard and tick: the run key dedupes re-evaluations of the same tick, while
-    # a shard that is still stale at the next tick gets a new run.
-    tick = context.scheduled_execution_time.isoformat()
-    keys = sorted(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
-    reasons = stale_reasons(context.instance, keys, data_root, expected)
-    if not reasons:
-        return dg.SkipReason("every registered shard has an up-to-date selection")
-    cap = settings.env_int(ENV_MAX_RUNS) or DEFAULT_MAX_RUNS
-    launch = sorted(reasons)[:cap]
-    context.log.info(
-        f"{len(reasons)} of {len(keys)} shard(s) need a run; requesting {len(launch)} this tick "
-        f"(at most {cap}, {ENV_MAX_RUNS}); first: "
-        + "; ".join(f"{k}: {reasons[k]}" for k in launch[:10]))
-    return [dg.RunRequest(partition_key=key, run_key=f"{key}@{tick}",
-                          tags={"datamask/reason": reasons[key][:200]}) for key in launch]
+def render(p: Plan, limit: int = 20) -> str:
+    lines = [f"{len(p.reasons)} of {p.registered} registered shard(s) need a run"]
+    for key in sorted(p.reasons)[:limit]:
+        rows = p.rows.get(key)
+        est = " (estimated)" if key in p.rows_estimated else ""
+        lines.append(f"  {key}: {p.reasons[key]}; rows {rows if rows is not None else '?'}{est}")
+    if len(p.reasons) > limit:
+        lines.append(f"  ... and {len(p.reasons) - limit} more (--limit, --json)")
+    if p.gpu_hours is None:
+        lines.append(f"estimated cost: unknown ({p.total_rows:,} rows known; no mask run on this "
+                     "instance to measure seconds per row yet)")
+    else:
+        lines.append(f"estimated cost: {p.gpu_hours:.3g} device-hours for {p.total_rows:,} rows "
+                     f"at {p.seconds_per_row:.3g} s/row (median of {p.mask_runs_measured} mask "
+                     "run(s) on this instance)")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m datamask_pipeline.plan",
+                                 description="Dry run: the shards a refresh would launch, why, "
+                                 "and an estimate of the device-hours. Launches nothing.")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    ap.add_argument("--limit", type=int, default=20, help="shards listed in the text output")
+    args = ap.parse_args(argv)
+
+    from datamask_pipeline import settings
+
+    settings.ensure_dagster_home()
+    instance = dg.DagsterInstance.get()
+    p = plan(instance, DataRoot(root=settings.data_root(), raw=settings.raw_root()))
+    print(json.dumps(p.as_dict(), indent=2, sort_keys=True) if args.json else render(p, args.limit))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,12 +1,13 @@
-"""The raw-shard sensor: new raw files become partitions and get a run; changed files get a
-new run; every new or changed file's ``size:mtime`` (from one listing, no per-file stat) is
-recorded as the data version of its ``raw_shard`` partition.
+"""The raw-shard sensor: registers new raw files as partitions and records every new or
+changed file's data version; it launches nothing.
 
-Every evaluation lists ``<raw>/*.parquet``. A file whose name is not a valid partition key is
-logged and skipped. The cursor remembers each file's ``size:mtime`` signature, so a file that
-is rewritten in place triggers a run again (the run key includes the signature, so one version
-of a file never runs twice). A shard registered without the sensor (the register command) gets
-a run on the sensor's first look only if it has no selected subset yet.
+Every evaluation lists ``<raw>/*.parquet`` once (``scan_raw``: size and mtime from the listing,
+no per-file stat). A file whose name is not a valid partition key is logged and skipped. The
+cursor remembers each file's ``size:mtime`` signature; a file that is new, or rewritten in
+place, gets a ``raw_shard`` observation with its signature as data version. Launching is
+Dagster's automation's job (``datamask_pipeline/automation.py``): a new shard is newly missing,
+a new data version is an updated dependency, and the ``datamask_automation`` sensor requests
+the shard's chain (one backfill for many shards).
 """
 
 import json
@@ -14,31 +15,19 @@ import os
 
 import dagster as dg
 
-from assets.partitions import PARTITIONS_NAME, scan_raw, shards
+from assets.partitions import PARTITIONS_NAME, raw_observations, scan_raw, shards
 from datamask_pipeline import settings
 from datamask_pipeline.engine.storage import StorageError
 from resources.storage import DataRoot
 
-from .jobs import datamask_job
-
-RAW_SHARD_KEY = dg.AssetKey("raw_shard")
-
-
-def _has_selection(instance: dg.DagsterInstance, key: str) -> bool:
-    recs = instance.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=dg.AssetKey("selected_subset"), asset_partitions=[key]),
-        limit=1,
-    ).records
-    return bool(recs)
-
 
 @dg.sensor(
     name="raw_shard_sensor",
-    job=datamask_job,
     minimum_interval_seconds=int(os.environ.get(settings.ENV_SENSOR_INTERVAL) or 30),
     default_status=dg.DefaultSensorStatus.STOPPED,
     description="Registers new raw shards (<raw>/*.parquet) as partitions of 'shards' and "
-    "requests a datamask_job run for every new or rewritten shard.",
+    "records the data version (size:mtime) of every new or rewritten shard; the "
+    "datamask_automation sensor launches the work.",
 )
 def raw_shard_sensor(context: dg.SensorEvaluationContext, data_root: DataRoot):
     try:
@@ -51,31 +40,15 @@ def raw_shard_sensor(context: dg.SensorEvaluationContext, data_root: DataRoot):
     registered = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
     signatures = {k: scan.signature(k) for k in sorted(scan.files)}  # from the one listing
     new = [k for k in signatures if k not in registered]
-    requests = []
-    for key, sig in signatures.items():
-        if key not in registered:
-            reason = "new shard"
-        elif key in seen and seen[key] != sig:
-            reason = "raw shard rewritten"
-        elif key not in seen and not _has_selection(context.instance, key):
-            reason = "registered shard without a selection"
-        else:
-            continue
-        requests.append(dg.RunRequest(partition_key=key, run_key=f"{key}:{sig}",
-                                      tags={"datamask/trigger": reason}))
+    changed = [k for k, sig in signatures.items() if seen.get(k) != sig]
     if new:
         context.log.info(f"registering {len(new)} new shard(s): {new[:20]}")
-    # raw_shard's data version per partition (what makes features stale in the UI when a raw
-    # file changes): recorded for every shard whose signature this sensor has not seen yet.
-    observations = [
-        dg.AssetObservation(asset_key=RAW_SHARD_KEY, partition=key,
-                            tags={"dagster/data_version": sig})
-        for key, sig in signatures.items() if seen.get(key) != sig
-    ]
+    if len(changed) > len(new):
+        rewritten = [k for k in changed if k in seen]
+        context.log.info(f"{len(rewritten)} rewritten shard(s): {rewritten[:20]}")
     return dg.SensorResult(
-        run_requests=requests,
-        asset_events=observations,
+        asset_events=raw_observations(scan, changed),
         dynamic_partitions_requests=[shards.build_add_request(new)] if new else [],
         cursor=json.dumps(signatures, sort_keys=True),
-        skip_reason=None if requests or new else "no new or rewritten shards",
+        skip_reason=None if changed else "no new or rewritten shards",
     )

@@ -1,113 +1,173 @@
-"""The refresh schedule (missing / stale shards only) and the raw-shard sensor."""
+"""Declarative automation (datamask_pipeline/automation.py), the raw-shard sensor that only
+registers and observes, and the dry-run plan (datamask_pipeline/plan.py)."""
 
 import os
 import shutil
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 import pyarrow.parquet as pq
+import pytest
 
+from assets.ingest import features, raw_shard
+from assets.learn import mask
 from assets.partitions import PARTITIONS_NAME
-from datamask_pipeline.definitions import defs
+from assets.report import corpus_summary
+from assets.select import selected_subset
+from assets.shard_report import shard_report
+from assets.validate import validate_features
+from datamask_pipeline import automation, plan
 from datamask_pipeline.engine.sample import make_table
-from datamask_pipeline.schedules import refresh_stale_shards
 from datamask_pipeline.sensors import raw_shard_sensor
 
 from .helpers import DIM, KEYS, ROWS
 
 FEATURES_ONLY = dg.AssetSelection.assets("features").without_checks()
+SHARD_ASSETS = [features, mask, shard_report, selected_subset]
+# The whole per-shard chain with its checks, run with MaskConfig's defaults.
+FULL = dg.AssetSelection.assets(*SHARD_ASSETS)
+T0 = datetime(2026, 12, 3, 1, 0, tzinfo=timezone.utc)
 
 
-def _schedule(instance, data_root) -> tuple[dict, str | None]:
-    with dg.build_schedule_context(instance=instance, resources={"data_root": data_root},
-                                   scheduled_execution_time=datetime.now(timezone.utc),
-                                   repository_def=defs.get_repository_def()) as ctx:
-        data = refresh_stale_shards.evaluate_tick(ctx)
-    reqs = {r.partition_key: r.tags["datamask/reason"] for r in data.run_requests or []}
-    assert len(reqs) == len(data.run_requests or [])  # one run per shard
-    assert all(r.run_key.startswith(f"{r.partition_key}@") for r in data.run_requests or [])
-    return reqs, data.skip_message
+def _defs(resources, refresh=None, mask_def=mask):
+    """The product's assets under automation, with an optional refresh cron."""
+    return dg.Definitions(
+        resources=resources,
+        assets=automation.automate_with(
+            [raw_shard, features, mask_def, shard_report, selected_subset, corpus_summary],
+            refresh=refresh),
+        asset_checks=[validate_features])
 
 
-def test_schedule_requests_missing_and_stale_shards_only(registered, run_chain, instance, data_root):
+class Evaluator:
+    """Successive automation evaluations, as the daemon's sensor runs them (cursor carried)."""
+
+    def __init__(self, instance, defs):
+        self.instance, self.defs, self.cursor = instance, defs, None
+
+    def __call__(self, at: datetime) -> dict:
+        r = dg.evaluate_automation_conditions(self.defs, self.instance, cursor=self.cursor,
+                                              evaluation_time=at)
+        self.cursor = r.cursor
+        out = {}
+        for a in SHARD_ASSETS:
+            if r.get_num_requested(a.key):
+                out[a.key.to_user_string()] = sorted(r.get_requested_partitions(a.key))
+        if r.get_num_requested(corpus_summary.key):
+            out["corpus_summary"] = True
+        return out
+
+
+def _chain(keys):
+    return {a.key.to_user_string(): sorted(keys) for a in SHARD_ASSETS}
+
+
+def test_new_and_rewritten_shards_launch_their_chain_and_nothing_else(instance, corpus, data_root,
+                                                                      run_chain, resources):
+    ev = Evaluator(instance, _defs(resources))
+    assert ev(T0) == {}
+    # the sensor registers and observes the three new shards
+    first = _tick(instance, data_root)
+    _apply(instance, first)
+    assert ev(T0 + timedelta(minutes=1)) == _chain(KEYS)  # each new shard's whole chain
+    assert ev(T0 + timedelta(minutes=2)) == {}  # requested once, not again
+    for key in KEYS:
+        run_chain(key, selection=FULL, mask_config=None)
+    later = ev(T0 + timedelta(minutes=3))
+    assert later.pop("corpus_summary", None) in (None, True)  # the hourly catalog may be due
+    assert later == {}
+
+    # one raw file rewritten: only its chain; an unchanged listing: nothing
+    pq.write_table(make_table(ROWS, dim=DIM, seed=42, id_offset=ROWS), data_root.raw_shard(KEYS[1]))
+    stamp = time.time() + 30
+    os.utime(data_root.raw_shard(KEYS[1]), (stamp, stamp))
+    second = _tick(instance, data_root, first.cursor)
+    _apply(instance, second)
+    assert ev(T0 + timedelta(minutes=4)) == _chain([KEYS[1]])
+    _apply(instance, _tick(instance, data_root, second.cursor))
+    assert ev(T0 + timedelta(minutes=5)) == {}
+
+
+def test_code_change_waits_for_the_refresh_cron_and_bad_shards_are_not_relaunched(
+        instance, registered, data_root, run_chain, resources):
     a, b, c = registered
-    reqs, _ = _schedule(instance, data_root)
-    assert reqs == {k: "missing: no selected subset yet" for k in registered}
+    for key in (a, b):
+        run_chain(key, selection=FULL, mask_config=None)
+    # c: its raw file breaks a blocking check (duplicated ids), so its mask never ran
+    table = make_table(ROWS, dim=DIM, seed=9, id_offset=7 * ROWS)
+    ids = table.column("chunk_id").to_pylist()
+    ids[1] = ids[0]
+    pq.write_table(table.set_column(0, "chunk_id", [ids]), data_root.raw_shard(c))
+    assert not run_chain(c, selection=FULL, raise_on_error=False, mask_config=None).success
 
-    # a and b selected with the scheduled (default) config; c never
-    run_chain(a, mask_config=None)
-    run_chain(b, mask_config=None)
-    reqs, _ = _schedule(instance, data_root)
-    assert reqs == {c: "missing: no selected subset yet"}
+    cron = "0 3 * * *"
+    ev = Evaluator(instance, _defs(resources, refresh=cron))
+    assert ev(T0) == {}
+    # a new code version of mask: nothing before the cron tick ...
+    changed = dg.map_asset_specs(lambda s: s.replace_attributes(code_version="mask-next"), [mask])[0]
+    ev.defs = _defs(resources, refresh=cron, mask_def=changed)
+    assert ev(T0 + timedelta(minutes=1)) == {}
+    assert ev(T0 + timedelta(hours=1)) in ({}, {"corpus_summary": True})
+    # ... then, at 03:00, one request for the good shards' mask and what follows it; the bad
+    # shard waits for a new raw version instead of failing its checks every night
+    due = ev(T0 + timedelta(hours=2, minutes=1))
+    due.pop("corpus_summary", None)
+    assert due == {"mask": [a, b], "shard_report": [a, b], "selected_subset": [a, b]}
+    assert ev(T0 + timedelta(hours=2, minutes=2)) == {}
 
-    # b re-ingested after its selection: stale; a re-learned with another config: stale
-    run_chain(b, selection=FEATURES_ONLY)
-    run_chain(a, seed=5)
-    reqs, _ = _schedule(instance, data_root)
-    assert set(reqs) == {a, b, c}
-    assert reqs[b] == "stale: features were re-materialized after the mask"
-    assert reqs[a].startswith("stale: config hash ") and "scheduled config" in reqs[a]
 
-    # run what the schedule asked for: everything up to date, the tick skips
-    for key in reqs:
-        run_chain(key, mask_config=None)
-    reqs, skip = _schedule(instance, data_root)
-    assert reqs == {} and skip == "every registered shard has an up-to-date selection"
+def test_without_a_refresh_cron_a_code_change_launches_nothing(instance, registered, run_chain,
+                                                               resources):
+    a, b, c = registered
+    for key in registered:
+        run_chain(key, selection=FULL, mask_config=None)
+    ev = Evaluator(instance, _defs(resources))
+    ev(T0)
+    changed = dg.map_asset_specs(lambda s: s.replace_attributes(code_version="mask-next"), [mask])[0]
+    ev.defs = _defs(resources, mask_def=changed)
+    for hours in (1, 3, 25):
+        got = ev(T0 + timedelta(hours=hours))
+        got.pop("corpus_summary", None)
+        assert got == {}
 
-    # the raw file of c rewritten after its ingestion (mtime = now)
-    os.utime(data_root.raw_shard(c))
-    reqs, _ = _schedule(instance, data_root)
-    assert reqs == {c: "stale: the raw shard was modified after ingestion"}
-    run_chain(c, mask_config=None)
 
-    # a selection recorded by an older code version of the subset step
-    instance.report_runless_asset_event(dg.AssetMaterialization(
-        asset_key="selected_subset", partition=a, tags={"dagster/code_version": "selected-0"}))
-    reqs, _ = _schedule(instance, data_root)
-    assert reqs == {a: "stale: code version of selected_subset changed (selected-0 -> selected-1)"}
+def test_product_definitions_carry_the_automation():
+    from datamask_pipeline.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    for a in SHARD_ASSETS:
+        node = graph.get(a.key)
+        assert node.automation_condition.get_label().startswith("shard chain")
+        assert node.backfill_policy == automation.BACKFILL_POLICY
+    assert graph.get(corpus_summary.key).automation_condition.get_label().startswith("catalog")
+    sensor = defs.resolve_sensor_def(automation.AUTOMATION_SENSOR)
+    assert isinstance(sensor, dg.AutomationConditionSensorDefinition)
+    assert sensor.emit_backfills and sensor.default_status == dg.DefaultSensorStatus.STOPPED
+
+
+# ---------------------------------------------------------------- the raw-shard sensor
 
 
 def _tick(instance, data_root, cursor=None):
-    # Called directly, as the daemon's evaluation does before it applies the partition requests
-    # (evaluate_tick would validate the run requests' keys against the not yet added ones).
+    # Called directly, as the daemon's evaluation does before it applies the partition requests.
     with dg.build_sensor_context(instance=instance, cursor=cursor,
                                  resources={"data_root": data_root}) as ctx:
         out = raw_shard_sensor(ctx)
     return dg.SensorResult(skip_reason=out) if isinstance(out, dg.SkipReason) else out
 
 
-def test_sensor_registers_new_shards_and_requests_runs(instance, corpus, data_root):
-    shutil.copyfile(data_root.raw_shard(KEYS[0]), os.path.join(data_root.raw_root, "bad name.parquet"))
-    first = _tick(instance, data_root)
-    [add] = first.dynamic_partitions_requests
-    assert add.partitions_def_name == PARTITIONS_NAME and list(add.partition_keys) == KEYS
-    assert [r.partition_key for r in first.run_requests] == KEYS  # 'bad name' skipped
-    assert all(r.tags["datamask/trigger"] == "new shard" for r in first.run_requests)
-    assert all(r.run_key.startswith(f"{r.partition_key}:") for r in first.run_requests)
-    instance.add_dynamic_partitions(PARTITIONS_NAME, list(add.partition_keys))  # as the daemon does
-
-    second = _tick(instance, data_root, first.cursor)
-    assert not second.run_requests and not second.dynamic_partitions_requests
-    assert second.skip_reason.skip_message == "no new or rewritten shards"
-
-    # a shard rewritten in place, and a new one dropped in
-    pq.write_table(make_table(ROWS, dim=DIM, seed=42, id_offset=ROWS), data_root.raw_shard(KEYS[1]))
-    later = time.time() + 30
-    os.utime(data_root.raw_shard(KEYS[1]), (later, later))
-    pq.write_table(make_table(ROWS, dim=DIM, seed=43, id_offset=9 * ROWS), data_root.raw_shard("shard_new"))
-    third = _tick(instance, data_root, second.cursor)
-    assert {r.partition_key: r.tags["datamask/trigger"] for r in third.run_requests} == {
-        KEYS[1]: "raw shard rewritten", "shard_new": "new shard"}
-    assert list(third.dynamic_partitions_requests[0].partition_keys) == ["shard_new"]
+def _apply(instance, result):
+    """What the daemon does with a sensor result: add partitions, record observations."""
+    for req in result.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    for event in result.asset_events or []:
+        instance.report_runless_asset_event(event)
 
 
-def test_sensor_first_look_at_shards_registered_by_the_cli(instance, registered, data_root, run_chain):
-    run_chain(registered[0])  # one already has a selection
-    tick = _tick(instance, data_root)
-    assert not tick.dynamic_partitions_requests
-    assert {r.partition_key: r.tags["datamask/trigger"] for r in tick.run_requests} == {
-        k: "registered shard without a selection" for k in registered[1:]}
+def _signature(data_root, key):
+    st = os.stat(data_root.raw_shard(key))
+    return f"{st.st_size}:{st.st_mtime_ns}"
 
 
 def _observed(instance, key):
@@ -117,33 +177,74 @@ def _observed(instance, key):
     return recs[0].asset_observation.data_version if recs else None
 
 
-def test_sensor_records_raw_shard_data_versions_from_one_listing(instance, corpus, data_root):
+def test_sensor_registers_and_observes_but_launches_nothing(instance, corpus, data_root):
+    shutil.copyfile(data_root.raw_shard(KEYS[0]), os.path.join(data_root.raw_root, "bad name.parquet"))
     first = _tick(instance, data_root)
-    for event in first.asset_events:  # as the daemon does, before it adds the partitions
-        instance.report_runless_asset_event(event)
-    instance.add_dynamic_partitions(PARTITIONS_NAME, list(first.dynamic_partitions_requests[0].partition_keys))
+    [add] = first.dynamic_partitions_requests
+    assert add.partitions_def_name == PARTITIONS_NAME and list(add.partition_keys) == KEYS
+    assert not first.run_requests  # automation launches, not this sensor
+    _apply(instance, first)
+    assert {k: _observed(instance, k) for k in KEYS} == {k: _signature(data_root, k) for k in KEYS}
 
-    def signature(key):
-        st = os.stat(data_root.raw_shard(key))
-        return f"{st.st_size}:{st.st_mtime_ns}"
-
-    assert {k: _observed(instance, k) for k in KEYS} == {k: signature(k) for k in KEYS}
-    # (Dagster 1.13 does not take these observations as the input data version of the
-    # partitioned features: measured, its dagster/input_data_version/raw_shard tag stays the
-    # default even for an observable source. The features' own content hash is what makes the
-    # mask stale after a re-ingestion.)
-
-    # an unchanged listing records nothing new; a rewritten file gets a new data version
     second = _tick(instance, data_root, first.cursor)
-    assert not second.asset_events
+    assert not second.asset_events and not second.dynamic_partitions_requests
+    assert second.skip_reason.skip_message == "no new or rewritten shards"
+
+    # a shard rewritten in place, and a new one dropped in
     later = time.time() + 60
-    os.utime(data_root.raw_shard(KEYS[0]), (later, later))
+    os.utime(data_root.raw_shard(KEYS[1]), (later, later))
+    pq.write_table(make_table(ROWS, dim=DIM, seed=43, id_offset=9 * ROWS), data_root.raw_shard("shard_new"))
     third = _tick(instance, data_root, second.cursor)
+    assert list(third.dynamic_partitions_requests[0].partition_keys) == ["shard_new"]
     assert [(e.partition, e.tags["dagster/data_version"]) for e in third.asset_events] == [
-        (KEYS[0], signature(KEYS[0]))]
+        (KEYS[1], _signature(data_root, KEYS[1])), ("shard_new", _signature(data_root, "shard_new"))]
 
 
-def test_schedule_requests_at_most_the_cap_per_tick(registered, instance, data_root, monkeypatch):
-    monkeypatch.setenv("DATAMASK_SCHEDULE_MAX_RUNS", "2")
-    reqs, _ = _schedule(instance, data_root)
-    assert sorted(reqs) == sorted(registered)[:2]  # the third waits for the next tick
+def test_register_command_observes_what_it_registers(instance, registered, data_root):
+    assert {k: _observed(instance, k) for k in registered} == {
+        k: _signature(data_root, k) for k in registered}
+
+
+def test_observable_source_reports_every_registered_shard_from_one_listing(instance, registered,
+                                                                           data_root):
+    result = dg.materialize([raw_shard], instance=instance, resources={"data_root": data_root})
+    assert result.success
+    assert {k: _observed(instance, k) for k in registered} == {
+        k: _signature(data_root, k) for k in registered}
+
+
+# ---------------------------------------------------------------- the dry run
+
+
+def test_plan_lists_missing_and_stale_shards_with_a_cost(registered, run_chain, instance, data_root):
+    a, b, c = registered
+    p = plan.plan(instance, data_root)
+    assert p.reasons == {k: "missing: no selected subset yet" for k in registered}
+    assert p.seconds_per_row is None and p.gpu_hours is None  # nothing measured yet
+    assert "unknown" in plan.render(p)
+
+    run_chain(a, selection=FULL, mask_config=None)
+    run_chain(b, selection=FULL, mask_config=None)
+    p = plan.plan(instance, data_root)
+    assert p.reasons == {c: "missing: no selected subset yet"}
+    # c was never ingested: its rows are estimated from its raw bytes; the rate is measured
+    assert p.rows_estimated == [c] and abs(p.rows[c] - ROWS) <= ROWS * 0.2
+    assert p.mask_runs_measured == 2 and p.seconds_per_row > 0
+    assert p.gpu_hours == pytest.approx(p.rows[c] * p.seconds_per_row / 3600)
+
+    run_chain(b, selection=FEATURES_ONLY)
+    p = plan.plan(instance, data_root)
+    assert p.reasons[b] == "stale: features were re-materialized after the mask"
+    assert p.rows[b] == ROWS and b not in p.rows_estimated
+
+    for key in p.reasons:
+        run_chain(key, selection=FULL, mask_config=None)
+    assert plan.plan(instance, data_root).reasons == {}
+    os.utime(data_root.raw_shard(c))  # rewritten after its ingestion (mtime = now)
+    assert plan.plan(instance, data_root).reasons == {
+        c: "stale: the raw shard was modified after ingestion"}
+    run_chain(c, selection=FULL, mask_config=None)
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset_key="selected_subset", partition=a, tags={"dagster/code_version": "selected-0"}))
+    assert plan.plan(instance, data_root).reasons == {
+        a: "stale: code version of selected_subset changed (selected-0 -> selected-1)"}

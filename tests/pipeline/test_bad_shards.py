@@ -122,10 +122,11 @@ def test_mask_alone_refuses_bad_features(instance, data_root, run_chain):
 
 
 def test_ingestion_rejects_unmappable_shard(instance, data_root, run_chain):
-    """A shard without the embedding column cannot be mapped to the canonical schema: the
-    ingestion step fails naming file, column and rule, and writes no features file."""
+    """A shard without the embedding column and without a text column to embed cannot be
+    mapped to the canonical schema: the ingestion step fails naming file, column and rule, and
+    writes no features file."""
     key = "no_embedding"
-    table = make_table(ROWS, dim=DIM, seed=5).drop_columns(["feature_arr"])
+    table = make_table(ROWS, dim=DIM, seed=5).drop_columns(["feature_arr", "text"])
     os.makedirs(data_root.raw_root, exist_ok=True)
     pq.write_table(table, data_root.raw_shard(key))
     register_shards(instance, data_root.raw_root)

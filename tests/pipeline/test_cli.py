@@ -34,7 +34,6 @@ def cli_env(tmp_path):
         env.update(
             DAGSTER_HOME=home,
             DATAMASK_DATA_ROOT=str(tmp_path / "data"),
-            DATAMASK_PRESET="cpu-demo",
             DATAMASK_DEVICE="cpu",
             DATAMASK_EMBEDDING_DIM=str(DIM),
             DATAMASK_CPU_THREADS="1",
@@ -97,7 +96,7 @@ def test_register_then_dagster_asset_materialize(cli_env):
         used = recs[0].asset_materialization.metadata["config"].value
         checks = inst.event_log_storage.get_asset_check_execution_history(
             dg.AssetCheckKey(dg.AssetKey("features"), "unique_ids"), limit=5)
-    assert used == {**settings.learner_defaults("cpu-demo"), "seed": 7}
+    assert used == {**settings.learner_defaults("pipeline"), "seed": 7}
     assert len(hashes) == 2 and hashes[0] != hashes[1]  # newest (seed 7) first
     assert len(checks) == 1  # the blocking checks ran with the chain, not with mask alone
 
@@ -171,7 +170,8 @@ def test_dagster_dev_graphql_and_cli_backfill(cli_env, tmp_path):
             time.sleep(0.5)
         assert nodes, (tmp_path / "dagster_dev.log").read_text()[-4000:]
         by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes}
-        assert set(by_key) == {"raw_shard", "features", "mask", "selected_subset", "corpus_summary"}
+        assert set(by_key) == {"raw_shard", "features", "mask", "shard_report", "selected_subset",
+                               "corpus_summary"}
         for key in ("raw_shard", "features", "mask", "selected_subset"):
             assert by_key[key]["isPartitioned"] and by_key[key]["groupName"] == "datamask"
             assert by_key[key]["partitionKeys"] == ["shard_000", "shard_001"]
@@ -216,7 +216,7 @@ def test_dg_check_list_and_launch(cli_env):
     _run([str(BIN / "dg"), "check", "defs"], cli_env)
     listed = json.loads(_run([str(BIN / "dg"), "list", "defs", "--json"], cli_env).stdout)
     assert {a["asset_key"] for a in listed["assets"]} == {
-        "raw_shard", "features", "mask", "selected_subset", "corpus_summary"}
+        "raw_shard", "features", "mask", "shard_report", "selected_subset", "corpus_summary"}
     _register(cli_env)
     _run([str(BIN / "dg"), "launch", "--assets", "features", "--partition", "shard_001"], cli_env)
     data = Path(cli_env["DATAMASK_DATA_ROOT"])

@@ -1,0 +1,130 @@
+"""Declarative automation: every trigger of the per-shard chain and of the catalog, in one place.
+
+Dagster's own automation decides what runs (``AutomationCondition``s, evaluated by the
+``datamask_automation`` sensor of the daemon); nothing here lists files or compares
+timestamps. Who triggers what (each trigger has one owner, and ``~in_progress`` keeps a shard
+that is already running, from any source, from being launched twice):
+
+=====================================  ===========================================================
+new shard (registered + observed by    ``eager``: the shard's partition of ``features`` becomes
+``raw_shard_sensor`` or ``register``)  newly missing, so the chain of that shard is requested
+raw file rewritten (new ``raw_shard``  ``eager``: a dependency updated, so the chain of that
+data version: size + mtime)            shard only is requested
+cron refresh (``DATAMASK_REFRESH_CRON``,  at each tick: every shard whose output is missing, or
+off by default)                        whose asset's code version changed since its last run
+UI / CLI launch                        you; automation will not launch a shard while it runs
+corpus catalog                         at each ``DATAMASK_CATALOG_CRON`` tick (hourly by
+                                       default) when any shard's selection changed
+=====================================  ===========================================================
+
+Requests of one evaluation that cover more than one partition become ONE Dagster backfill
+(``emit_backfills=True``), paced by the daemon, the run queue (``max_concurrent_runs``) and
+the ``gpu`` pool: never thousands of runs at once. Every per-shard asset states its
+``BackfillPolicy`` (``multi_run(1)``: one run per shard, so a failed shard fails alone and
+retries alone).
+
+A shard whose blocking DuckDB checks failed is not re-launched by the cron refresh
+(``all_deps_blocking_checks_passed``): only a new raw version (or you) restarts it. The method
+config is not part of the automation: runs it launches use ``MaskConfig``'s defaults; a code
+change of an asset (its ``code_version``) is picked up by the cron refresh only, because a
+code change makes every shard stale at once and must not launch 25,000 GPU runs silently
+(see ``python -m datamask_pipeline.plan`` for what a refresh would launch and its GPU-hours).
+"""
+
+from __future__ import annotations
+
+import os
+
+import dagster as dg
+
+from . import settings
+
+AC = dg.AutomationCondition
+
+AUTOMATION_SENSOR = "datamask_automation"
+BACKFILL_POLICY = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
+DEFAULT_CATALOG_CRON = "0 * * * *"
+
+
+def refresh_cron() -> str | None:
+    """The cron of the scheduled refresh (env ``DATAMASK_REFRESH_CRON``); None = off."""
+    return (os.environ.get(settings.ENV_REFRESH_CRON) or "").strip() or None
+
+
+def catalog_cron() -> str:
+    return (os.environ.get(settings.ENV_CATALOG_CRON) or "").strip() or DEFAULT_CATALOG_CRON
+
+
+def scheduled_refresh(cron: str) -> dg.AutomationCondition:
+    """At each tick of ``cron``: the partition is missing, or its asset's code version changed
+    since the partition was last requested or updated; its dependencies are present and idle."""
+    return (
+        AC.cron_tick_passed(cron).since_last_handled()
+        & (AC.missing() | AC.code_version_changed().since_last_handled())
+        & ~AC.any_deps_missing()
+        & ~AC.any_deps_in_progress()
+        & ~AC.in_progress()
+    ).with_label(f"scheduled refresh ({cron})")
+
+
+def shard_condition(refresh: str | None = None) -> dg.AutomationCondition:
+    """The condition of every per-shard asset: ``eager`` (new shard, new raw version, an
+    upstream step re-materialized), or the scheduled refresh when a cron is given; never while
+    a dependency's blocking check failed."""
+    cond = AC.eager()
+    if refresh:
+        cond = cond | scheduled_refresh(refresh)
+    return (cond & AC.all_deps_blocking_checks_passed()).with_label(
+        "shard chain" + (f" + refresh {refresh}" if refresh else ""))
+
+
+# A blocking check runs in the same request as the asset it checks, so that the steps after it
+# can be requested in that request too (all_deps_blocking_checks_passed counts checks that
+# will be requested on this tick).
+CHECK_CONDITION = AC.any_deps_match(AC.will_be_requested()).with_label("with its asset")
+
+
+def catalog_condition(cron: str) -> dg.AutomationCondition:
+    """At most once per tick of ``cron``, and only when a selected subset changed since the last
+    catalog build."""
+    return (
+        AC.cron_tick_passed(cron).since_last_handled()
+        & AC.any_deps_updated().since_last_handled()
+        & ~AC.in_progress()
+    ).with_label(f"catalog ({cron}, when shards changed)")
+
+
+def automation_sensor(target: dg.AssetSelection) -> dg.AutomationConditionSensorDefinition:
+    return dg.AutomationConditionSensorDefinition(
+        AUTOMATION_SENSOR,
+        target=target,
+        emit_backfills=True,
+        minimum_interval_seconds=30,
+        default_status=dg.DefaultSensorStatus.STOPPED,
+        description="Evaluates the automation conditions of the per-shard chain and the catalog "
+        "(datamask_pipeline/automation.py); requests that cover several shards become one "
+        "backfill.",
+    )
+
+
+def automate(assets: list) -> list:
+    """``automate_with`` the crons of the environment (``DATAMASK_REFRESH_CRON``,
+    ``DATAMASK_CATALOG_CRON``)."""
+    return automate_with(assets, refresh=refresh_cron(), catalog=catalog_cron())
+
+
+def automate_with(assets: list, refresh: str | None = None,
+                  catalog: str = DEFAULT_CATALOG_CRON) -> list:
+    """``assets`` with their automation conditions and backfill policies: the shard condition
+    and ``BACKFILL_POLICY`` on every partitioned asset, the catalog condition on the
+    unpartitioned ones; source assets (``raw_shard``) unchanged."""
+    out = []
+    for a in assets:
+        if not isinstance(a, dg.AssetsDefinition) or not a.is_executable or a.is_observable:
+            out.append(a)
+        elif a.partitions_def is not None:
+            out.append(a.with_attributes(automation_condition=shard_condition(refresh),
+                                         backfill_policy=BACKFILL_POLICY))
+        else:
+            out.append(a.with_attributes(automation_condition=catalog_condition(catalog)))
+    return out
