@@ -93,11 +93,3 @@ def test_solvers_section_quick_writes_json_report_and_table(tmp_path):
     # the committed table parses and covers the built-in terms
     committed = solver_table.load()
     assert set(committed["rules"]["cpu"]) >= set(TERMS)
-
-
-def test_schedule_tick_section_runs():
-    """bench.schedule_tick on 30 shards: every shard is missing, the tick requests the cap."""
-    from bench.schedule_tick import measure
-
-    row = measure(30, reps=1)
-    assert row["shards"] == 30 and row["run_requests"] == 30 and row["median_s"] > 0

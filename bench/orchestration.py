@@ -1,0 +1,399 @@
+"""Orchestration cost against the number of registered shards, on SQLite and on PostgreSQL.
+
+    .venv/bin/python -m bench.orchestration [--shards 100,1000,10000] [--reps 3]
+        [--storages sqlite,postgres] [--out DIR]
+
+For each storage and each N, on fresh instances with N tiny raw files (the listing never reads
+them), it times, ``--reps`` times each (median, min, max):
+
+- ``sensor_first_tick``: ``raw_shard_sensor`` on N new shards (listing, cursor, one partition
+  request and N ``raw_shard`` observations built): our code's part of a tick;
+- ``daemon_apply``: what the daemon then does with that result, the instance calls of
+  ``dagster/_daemon/sensor.py`` (N observations recorded, ``has_dynamic_partition`` per key,
+  one ``add_dynamic_partitions``): Dagster's part, one fresh instance per rep (one rep only
+  above ``--apply-reps-max-shards``: every rep records N events);
+- ``sensor_steady_tick``: the sensor again with its cursor, nothing changed (our code);
+- ``automation_first``: ``dg.evaluate_automation_conditions`` on the product's ``defs`` right
+  after the N shards were observed (every chain requested), with the cursor of the evaluation
+  before them; ``automation_steady``: the next evaluation (nothing to do);
+- ``plan``: ``datamask_pipeline.plan.plan`` (the dry run; every shard missing).
+
+The steady parts, the first automation evaluation and the plan run round-robin, one rep of
+each per round. Growth slopes are log-log between consecutive sizes of the medians. PostgreSQL
+is Debian's server, started by the bench on localhost in a temporary cluster (``initdb`` and
+``pg_ctl`` as the ``postgres`` user when run as root) and stopped at the end; each instance
+gets its own database and is built by ``DagsterInstance.from_config`` from a ``dagster.yaml``
+with ``dagster_postgres`` storage.
+
+Writes ``results_orchestration.json`` (rewritten after every cell). No timing is asserted
+anywhere; the 10 s budget for our code's part is reported, not enforced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import dagster as dg
+
+from bench.common import _cpu_model, loadavg
+
+SCHEMA_VERSION = 1
+OUR_TICK_LIMIT_S = 10.0
+PARTS = ("sensor_first_tick", "sensor_steady_tick", "daemon_apply", "automation_first",
+         "automation_steady", "plan")
+OURS = ("sensor_first_tick", "sensor_steady_tick")  # our code's part of a tick
+BROWSER_SKIPPED = ("not measured: an instance with N shards needs N recorded observations "
+                   "first (daemon_apply: minutes at 10,000), see REPORT_orchestration.md")
+T0 = datetime(2026, 12, 3, 1, 5, tzinfo=timezone.utc)  # evaluations stay inside one hour
+RESULTS = Path(__file__).resolve().parent / "results"
+_FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+
+
+# ------------------------------------------------------------------ timing helpers
+def _stats(times: list) -> dict:
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times),
+            "all_s": times}
+
+
+def _timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
+def slopes(rows: list) -> dict:
+    """{part: [{from, to, slope}]}: log-log slope of the medians between consecutive sizes."""
+    out = {}
+    for part in PARTS:
+        pts = [(r["shards"], r[part]["median_s"]) for r in rows if part in r]
+        out[part] = [{"from": n1, "to": n2, "slope": math.log(t2 / t1) / math.log(n2 / n1)}
+                     for (n1, t1), (n2, t2) in zip(pts, pts[1:]) if t1 > 0 and t2 > 0]
+    return out
+
+
+# ------------------------------------------------------------------ PostgreSQL
+def _pg_bin(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    for d in sorted(Path("/usr/lib/postgresql").glob("*/bin"), reverse=True):
+        if (d / name).exists():
+            return str(d / name)
+    raise FileNotFoundError(f"PostgreSQL's {name} is not installed "
+                            "(apt-get install -y postgresql)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PostgresServer:
+    """A throwaway PostgreSQL cluster on localhost (trust auth), one database per instance."""
+
+    def __init__(self, base: str | None = None):
+        self.dir = Path(tempfile.mkdtemp(prefix="datamask-pg-", dir=base))
+        os.chmod(self.dir, 0o755)
+        self.data, self.log = self.dir / "data", self.dir / "server.log"
+        self.port = _free_port()
+        self._as = []
+        if os.geteuid() == 0:  # postgres refuses to run as root
+            import pwd
+
+            pw = pwd.getpwnam("postgres")
+            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
+            self._as = ["runuser", "-u", "postgres", "--"]
+        self._n = 0
+
+    def _run(self, *cmd):
+        proc = subprocess.run([*self._as, *cmd], capture_output=True, text=True, cwd=self.dir)
+        if proc.returncode:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): "
+                               f"{(proc.stderr or proc.stdout).strip()}")
+        return proc.stdout
+
+    def start(self) -> "PostgresServer":
+        self._run(_pg_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+                  "-E", "UTF8")
+        self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w", "-o",
+                  f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1", "start")
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._run(_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def version(self) -> str:
+        import psycopg2
+
+        with contextlib.closing(psycopg2.connect(host="127.0.0.1", port=self.port,
+                                                 user="postgres", dbname="postgres")) as con:
+            return con.server_version and str(con.server_version)
+
+    def new_database(self) -> str:
+        import psycopg2
+
+        self._n += 1
+        name = f"datamask_bench_{self._n}"
+        con = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres",
+                               dbname="postgres")
+        try:
+            con.autocommit = True
+            con.cursor().execute(f"CREATE DATABASE {name}")
+        finally:
+            con.close()
+        return name
+
+    @contextlib.contextmanager
+    def instance(self, home: str):
+        """A DagsterInstance built from a dagster.yaml with dagster_postgres storage."""
+        db = self.new_database()
+        Path(home, "dagster.yaml").write_text(
+            "storage:\n  postgres:\n    postgres_db:\n      hostname: 127.0.0.1\n"
+            f"      username: postgres\n      password: ''\n      db_name: {db}\n"
+            f"      port: {self.port}\n"
+            # SQLAlchemy 2.1 maps plain postgresql:// to psycopg 3; dagster-postgres
+            # installs psycopg2
+            "      scheme: postgresql+psycopg2\ntelemetry:\n  enabled: false\n")
+        inst = dg.DagsterInstance.from_config(home)
+        try:
+            yield inst
+        finally:
+            inst.dispose()
+
+
+# ------------------------------------------------------------------ the measured steps
+def make_raw(root: Path, n: int) -> list:
+    """N tiny files ``shard_<i>.parquet`` under ``root/raw``; returns the keys."""
+    raw = root / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    keys = [f"shard_{i:06d}" for i in range(n)]
+    for k in keys:
+        (raw / f"{k}.parquet").write_bytes(b"PAR1")  # the listing never reads them
+    return keys
+
+
+def sensor_tick(instance, data_root, cursor=None) -> dg.SensorResult:
+    """One evaluation of the product's raw-shard sensor (what the daemon calls)."""
+    from datamask_pipeline.sensors import raw_shard_sensor
+
+    with dg.build_sensor_context(instance=instance, cursor=cursor,
+                                 resources={"data_root": data_root}) as ctx:
+        out = raw_shard_sensor(ctx)
+    return dg.SensorResult(skip_reason=out) if isinstance(out, dg.SkipReason) else out
+
+
+def daemon_apply(instance, result: dg.SensorResult) -> None:
+    """The instance calls the sensor daemon makes with a result (dagster/_daemon/sensor.py,
+    ``_evaluate_sensor`` and ``_handle_dynamic_partitions_requests``, 1.13.27)."""
+    for event in result.asset_events or []:
+        instance.report_runless_asset_event(event)
+    for req in result.dynamic_partitions_requests or []:
+        new = [k for k in req.partition_keys
+               if not instance.has_dynamic_partition(req.partitions_def_name, k)]
+        if new:
+            instance.add_dynamic_partitions(req.partitions_def_name, new)
+
+
+def evaluate(instance, defs, cursor, at):
+    return dg.evaluate_automation_conditions(defs, instance, cursor=cursor, evaluation_time=at)
+
+
+def requested(result, defs) -> dict:
+    out = {}
+    for key in defs.resolve_asset_graph().get_all_asset_keys():
+        n = result.get_num_requested(key)
+        if n:
+            out[key.to_user_string()] = n
+    return out
+
+
+def measure(n: int, make_instance, workdir: Path, reps: int = 3, apply_reps: int | None = None
+            ) -> dict:
+    """Every part at N shards on instances from ``make_instance(home)`` (a context manager).
+    ``daemon_apply`` gets ``apply_reps`` fresh instances (default ``reps``)."""
+    apply_reps = reps if apply_reps is None else apply_reps
+    from datamask_pipeline import plan as plan_mod
+    from datamask_pipeline.definitions import defs
+    from resources.storage import DataRoot
+
+    root = Path(tempfile.mkdtemp(prefix=f"n{n}-", dir=workdir))
+    keys = make_raw(root, n)
+    data_root = DataRoot(root=str(root))
+    row = {"shards": n, "loadavg_start": loadavg(), "apply_reps": apply_reps}
+    times = {p: [] for p in PARTS}
+
+    with contextlib.ExitStack() as stack:
+        # daemon_apply: one fresh instance per rep (it changes the instance); the last one
+        # carries on for the other parts.
+        for rep in range(apply_reps):
+            home = tempfile.mkdtemp(prefix="home-", dir=root)
+            inst = stack.enter_context(make_instance(home)) if rep == apply_reps - 1 else None
+            with contextlib.ExitStack() as local:
+                if inst is None:
+                    inst_r = local.enter_context(make_instance(home))
+                else:
+                    inst_r = inst
+                    # the evaluation before the shards exist: its cursor is what the daemon
+                    # carries into the evaluation right after them
+                    cursor0 = evaluate(inst_r, defs, None, T0).cursor
+                    for _ in range(reps):  # first ticks change nothing: repeat them here
+                        t, first = _timed(lambda: sensor_tick(inst_r, data_root))
+                        times["sensor_first_tick"].append(t)
+                first = sensor_tick(inst_r, data_root)
+                assert len(first.asset_events) == n, "every new shard is observed"
+                t, _ = _timed(lambda: daemon_apply(inst_r, first))
+                times["daemon_apply"].append(t)
+        assert sorted(inst.get_dynamic_partitions("shards")) == keys
+
+        steady_cursor, cursor1, got, to_run = first.cursor, None, {}, None
+        for rep in range(reps):  # round-robin
+            at = T0 + timedelta(seconds=60 * (2 * rep + 1))
+            t, res = _timed(lambda: evaluate(inst, defs, cursor0, at))
+            times["automation_first"].append(t)
+            cursor1, got = res.cursor, requested(res, defs)
+            t, res2 = _timed(lambda: evaluate(inst, defs, cursor1, at + timedelta(seconds=60)))
+            times["automation_steady"].append(t)
+            row["requested_steady"] = requested(res2, defs)
+            t, tick = _timed(lambda: sensor_tick(inst, data_root, steady_cursor))
+            times["sensor_steady_tick"].append(t)
+            assert not tick.asset_events and not tick.dynamic_partitions_requests
+            t, p = _timed(lambda: plan_mod.plan(inst, data_root))
+            times["plan"].append(t)
+            to_run = len(p.reasons)
+        row["requested_first"] = got
+        row["plan_to_run"] = to_run
+    shutil.rmtree(root, ignore_errors=True)
+    for part in PARTS:
+        row[part] = _stats(times[part])
+    row["ours_max_median_s"] = max(row[p]["median_s"] for p in OURS)
+    row["loadavg_end"] = loadavg()
+    return row
+
+
+def sqlite_instance(home: str):
+    return dg.instance_for_test(temp_dir=home)
+
+
+# ------------------------------------------------------------------ the run
+def _before() -> dict | None:
+    path = RESULTS / "results_schedule_tick.json"
+    if not path.exists():
+        return None
+    old = json.loads(path.read_text())
+    return {"file": "bench/results/results_schedule_tick.json", "command": old["command"],
+            "rows": [{k: r[k] for k in ("shards", "median_s", "run_requests")}
+                     for r in old["rows"]],
+            "before": old.get("before")}
+
+
+def _write(out: Path, res: dict) -> None:
+    from datamask_pipeline.engine.storage import atomic_write_bytes
+
+    atomic_write_bytes(str(out / "results_orchestration.json"),
+                       json.dumps(res, indent=1).encode())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.orchestration",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shards", default="100,1000,10000")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--storages", default="sqlite,postgres")
+    ap.add_argument("--apply-reps-max-shards", type=int, default=1000,
+                    help="above this N, daemon_apply is timed on one instance (each rep records "
+                    "N events: minutes at 10,000)")
+    ap.add_argument("--workdir", default=_FAST_TMP, help="where SQLite instances and raw files "
+                    "go (default: /dev/shm, as the tests: SQLite syncs every event on a disk)")
+    ap.add_argument("--out", default=str(RESULTS))
+    a = ap.parse_args(argv)
+    sizes = [int(x) for x in a.shards.split(",")]
+    storages = [s.strip() for s in a.storages.split(",") if s.strip()]
+    for s in storages:
+        if s not in ("sqlite", "postgres"):
+            ap.error(f"--storages: unknown storage {s!r} (sqlite, postgres)")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    os.environ.pop("DATAMASK_REFRESH_CRON", None)  # the default: no scheduled refresh
+    workdir = Path(tempfile.mkdtemp(prefix="datamask-orch-", dir=a.workdir))
+    os.environ["DATAMASK_DATA_ROOT"] = str(workdir / "defs-root")  # defs' resources
+    os.environ.pop("DATAMASK_RAW_ROOT", None)
+    from datamask_pipeline import automation
+
+    start = time.perf_counter()
+    res = {
+        "schema_version": SCHEMA_VERSION,
+        "command": "python -m bench.orchestration " + " ".join(argv if argv is not None
+                                                               else sys.argv[1:]),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
+                    "dagster": dg.__version__,
+                    "loadavg_start": loadavg(), "workdir": str(workdir)},
+        "settings": {"shards": sizes, "reps": a.reps, "refresh_cron": automation.refresh_cron(),
+                     "catalog_cron": automation.catalog_cron(),
+                     "our_tick_limit_s": OUR_TICK_LIMIT_S, "ours": list(OURS),
+                     "apply_reps_max_shards": a.apply_reps_max_shards},
+        "storages": {},
+        "before": _before(),
+    }
+    server = None
+    try:
+        for storage in storages:
+            cell = res["storages"][storage] = {"rows": []}
+            if storage == "postgres":
+                try:
+                    import dagster_postgres  # the bench extra: pip install -e '.[bench]'
+
+                    res["machine"]["dagster_postgres"] = dagster_postgres.__version__
+                    server = PostgresServer().start()  # data on disk, in the system temp dir
+                    cell["server"] = {"version": server.version(), "port": server.port,
+                                      "settings": "Debian defaults (fsync on), trust auth"}
+                except Exception as exc:  # noqa: BLE001 - reported, SQLite still runs
+                    cell["skipped"] = f"PostgreSQL could not be started: {exc}"
+                    print(cell["skipped"], file=sys.stderr, flush=True)
+                    continue
+                make = server.instance
+            else:
+                make = sqlite_instance
+            for n in sizes:
+                row = measure(n, make, workdir, reps=a.reps,
+                              apply_reps=a.reps if n <= a.apply_reps_max_shards else 1)
+                cell["rows"].append(row)
+                cell["slopes"] = slopes(cell["rows"])
+                cell["ours_under_limit"] = all(r["ours_max_median_s"] < OUR_TICK_LIMIT_S
+                                               for r in cell["rows"])
+                print(json.dumps({"storage": storage, **{k: row[k] for k in ("shards",)},
+                                  **{p: round(row[p]["median_s"], 3) for p in PARTS}}),
+                      flush=True)
+                res["total_s"] = time.perf_counter() - start
+                _write(out, res)
+        res["browser"] = {"skipped": BROWSER_SKIPPED}
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    res["machine"]["loadavg_end"] = loadavg()
+    res["total_s"] = time.perf_counter() - start
+    _write(out, res)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
