@@ -107,6 +107,21 @@ class LearnerConfig(BaseModel):
     rollout_chunk: Optional[int] = _knob(
         None, "Rollouts scored at once (memory vs speed); unset = chosen from the objective's "
         "memory budget. Does not change the result.", flags=("--rollout_chunk",), ge=1)
+    facility_similarity: Literal["auto", "dense", "sparse"] = _knob(
+        "auto",
+        "Facility location's whole-shard similarity (greedy, polish, evaluation): dense (exact, "
+        "n×n held in memory), sparse (each row's facility_neighbors nearest neighbours; a row "
+        "with none selected counts 0) or auto (dense when n×n fits half the objective memory "
+        "budget, else sparse). The learner's batches always use dense.",
+        flags=("--facility_similarity", "--facility-similarity"))
+    facility_neighbors: int = _knob(
+        64, "Neighbours per row K of the sparse facility similarity (itself included); more is "
+        "closer to dense and costs n·K memory.",
+        flags=("--facility_neighbors", "--facility-neighbors"), ge=2, le=4096)
+    facility_knn: Literal["auto", "faiss", "exact"] = _knob(
+        "auto", "How the sparse similarity's neighbours are found: faiss (IVF index, "
+        "approximate), exact (blockwise top-k) or auto (faiss on CPU when installed, else "
+        "exact).", flags=("--facility_knn", "--facility-knn"))
 
     # ------------------------------------------------------------ construction
     def __init__(self, **data):
@@ -144,11 +159,18 @@ class LearnerConfig(BaseModel):
             return next(iter(spec))
         return " + ".join(f"{w:g}·{n}" for n, w in spec.items())
 
-    def diversity_term(self):
-        """The configured diversity term (a Mixture for several)."""
+    def diversity_term(self, whole_shard: bool = True):
+        """The configured diversity term (a Mixture for several). ``whole_shard``: facility
+        location on the similarity the facility_* knobs choose (greedy, polish, evaluation);
+        False: the registered terms (the learner's batch-local objective)."""
         from . import terms
+        from .terms.facility import FacilityLocation
 
         spec = self.term_spec
+        if whole_shard and "Facility" in spec:
+            fac = FacilityLocation(self.facility_similarity, self.facility_neighbors,
+                                   self.facility_knn)
+            spec = {(fac if name == "Facility" else name): w for name, w in spec.items()}
         if len(spec) == 1 and next(iter(spec.values())) == 1.0:
             return terms.get(next(iter(spec)))
         return terms.Mixture(spec)
@@ -209,6 +231,9 @@ class LearnerConfig(BaseModel):
         d.pop("rollout_chunk", None)
         if d.get("terms") is None:
             d.pop("terms", None)
+        for f in ("facility_similarity", "facility_neighbors", "facility_knn"):
+            if d[f] == type(self).model_fields[f].default:  # at defaults: hash as before them
+                d.pop(f)
         blob = json.dumps(d, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -59,7 +59,9 @@ def evaluate_selection(x, q, selected, *, lamb: float = 0.5, terms=ALL_TERMS, de
 
     Returns ``{"n", "k", "lamb", "f_qua": float, "f_div": {term: float}, "f": {term: float}}``
     with f = lamb * f_qua + (1 - lamb) * f_div, keyed by each term's registered name. ``terms``:
-    names, aliases, {name: weight} mixtures or DiversityTerm objects. ``ground`` reuses a prepared
+    names, aliases, {name: weight} mixtures or DiversityTerm objects; "Facility" by name is the
+    exact (dense) objective, ``LearnerConfig.diversity_term()`` the one the solvers optimised
+    (the sparse similarity when facility_similarity picks it). ``ground`` reuses a prepared
     :func:`make_ground_set` (then ``x``/``q`` are ignored)."""
     if not (0.0 <= lamb <= 1.0):
         raise ValueError(f"lamb must be in [0, 1], got {lamb}")

@@ -74,7 +74,9 @@ def estimate_memory(
     With ``learning`` (the learner runs): the resident embeddings and quality, the logits, one
     batch copy, the (G, m) Gumbel keys and the (G, k') masks, and the objective's working
     memory (bounded by mem_budget). Without: the embeddings, the whole-shard working copy the
-    terms keep (unit rows or DiSF's frame) and the bounded working memory of greedy / polish.
+    terms keep (unit rows or DiSF's frame, facility's similarity: the n x n matrix or the
+    sparse neighbour graph) and the bounded working memory of greedy / polish. With learning,
+    facility's whole-shard similarity (the evaluation's) is counted as its own part.
     """
     device = resolve_device(device)
     budget = mem_budget or default_mem_budget(device)
@@ -87,8 +89,12 @@ def estimate_memory(
             "batch_copy": 2 * m * d * 4,
             "gumbel_keys": 2 * G * m * 4,
             "masks": G * kb * 8 * 2,
-            "objective_workspace": cfg.diversity_term().workspace_bytes(m, kb, d, 4, budget),
+            "objective_workspace": cfg.diversity_term(whole_shard=False).workspace_bytes(
+                m, kb, d, 4, budget),
         }
+        fac = _facility_part(cfg)
+        if fac is not None:
+            parts["facility_similarity"] = fac.similarity_bytes(n, d, 4, budget, device)
     else:
         k = cfg.sizes(n, learning=False)["k"]
         parts = {
@@ -99,8 +105,24 @@ def estimate_memory(
     total = int(sum(parts.values()))
     avail = device_memory(device)
     out = {"total_bytes": total, "available_bytes": avail, "parts": parts}
+    fac = _facility_part(cfg)
+    if fac is not None:
+        out["facility_similarity"] = fac.mode(n, 4, budget)
     if total > avail:
         biggest = max(parts, key=parts.get)
+        if fac is not None and out["facility_similarity"] == "dense":
+            # dense facility holds n x n: say what the sparse similarity would need instead
+            from .terms.facility import FacilityLocation
+
+            sp = FacilityLocation("sparse", fac.neighbors, fac.knn)
+            alt = (total - fac.similarity_bytes(n, d, 4, budget, device)
+                   + sp.similarity_bytes(n, d, 4, budget, device))
+            raise ConfigError(
+                f"estimated peak memory {total / 2**30:.2f} GiB exceeds the "
+                f"{avail / 2**30:.2f} GiB available on {device}: dense facility location holds "
+                f"the {n} x {n} similarity ({n * n * 4 / 2**30:.2f} GiB); "
+                f"facility_similarity='sparse' with facility_neighbors={fac.neighbors} needs "
+                f"{alt / 2**30:.2f} GiB")
         knob = {
             "embeddings": "shard size (split the shard into more partitions) or precision",
             "gumbel_keys": "n_rollout or partial",
@@ -108,6 +130,7 @@ def estimate_memory(
             "masks": "n_rollout or partial",
             "objective_workspace": "the objective memory budget (mem_budget)",
             "logits": "shard size",
+            "facility_similarity": "facility_neighbors or the shard size",
         }[biggest]
         raise ConfigError(
             f"estimated peak memory {total / 2**30:.2f} GiB exceeds the {avail / 2**30:.2f} GiB "
@@ -115,6 +138,13 @@ def estimate_memory(
             f"({parts[biggest] / 2**30:.2f} GiB): lower {knob}"
         )
     return out
+
+
+def _facility_part(cfg: LearnerConfig):
+    """The whole-shard facility term of ``cfg`` (alone or in a mixture), or None."""
+    from .terms.facility import facility_part
+
+    return facility_part(cfg.diversity_term())
 
 
 def check_quality_scale(q, dtype: torch.dtype = torch.float32) -> None:
@@ -280,7 +310,7 @@ def learn(
     x = x.to(device=dev, dtype=dtype)
     q_np = q.double().numpy() if q.device.type == "cpu" else q.double().cpu().numpy()
     q = q.to(device=dev, dtype=torch.float32)
-    term = cfg.diversity_term()
+    term = cfg.diversity_term(whole_shard=False)  # batch-local: facility stays dense
     pool = torch.as_tensor(quality_pool(q_np, cfg.prune_ratio, ids), device=dev)
     P = pool.numel()
 

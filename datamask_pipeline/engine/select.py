@@ -145,7 +145,9 @@ def select_shard(
     from .baselines import greedy, quality_topk, random_selection, stochastic_greedy
     from .evaluate import make_ground_set
     from .learner import check_quality_scale, initial_logits, learn
+    from .objectives import default_mem_budget
     from .polish import polish
+    from .terms.facility import facility_part
 
     t_start = time.perf_counter()
     x, q, ids = shard.embeddings, np.asarray(shard.quality), shard.ids
@@ -158,6 +160,12 @@ def select_shard(
     check_quality_scale(q, dtype)
     route, why = route_for(cfg, n, dev)
     notes = [why] if why else []
+    fac = facility_part(term)
+    if fac is not None:  # which similarity facility location runs on (greedy, polish, scores)
+        budget = mem_budget or default_mem_budget(dev)
+        notes.append(f"facility location on the {fac.mode(n, 4, budget)} similarity "
+                     f"(facility_similarity={fac.similarity}, facility_neighbors={fac.neighbors}, "
+                     f"facility_knn={fac.knn})")
     timings: dict = {}
     pool = quality_pool(q.astype(np.float64), cfg.prune_ratio, ids)
     allowed = _mask(n, pool)
