@@ -206,19 +206,168 @@ def memory_table(settings=DEFAULT_SETTINGS) -> str:
 
 
 def rates_table(rates: list[dict], n_epochs: int = 5000) -> str:
+    """GPU step rates only (a CPU rate is no GPU-hour); "not measured" while there are none."""
     out = ["| source | device | n | d | G | partial | steps/s | hours per shard "
            f"({n_epochs:,} steps) | status |",
            "|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for r in rates:
-        dev = str(r.get("device", "?"))
-        status = "measured" + (" (CPU: not a GPU rate)" if dev.startswith("cpu") else "")
+    gpu = [r for r in rates if str(r.get("device", "")).startswith("cuda")]
+    for r in gpu:
         out.append(
-            f"| {r['file']} | {dev} | {r.get('n', '?')} | {r.get('d', '?')} | {r.get('G', '?')} "
+            f"| {r['file']} | {r['device']} | {r.get('n', '?')} | {r.get('d', '?')} | {r.get('G', '?')} "
             f"| {r.get('partial', '?')} | {r['steps_per_s']:.3g} "
-            f"| {gpu_hours_per_shard(r['steps_per_s'], n_epochs):.3g} | {status} |"
-        )
-    out.append("| **GPU (placeholder)** | cuda | 1,000,000 | 768 | 128 | 0.1 | **TO FILL from the "
-               "benchmark's GPU run** | **TO FILL** | not measured |")
+            f"| {gpu_hours_per_shard(r['steps_per_s'], n_epochs):.3g} | measured |")
+    if not gpu:
+        out.append("| — | cuda | 1,000,000 | 768 | 128 | 0.05 | not measured | not measured "
+                   "| not measured: no GPU run in bench/results (bash bench/gpu.sh) |")
+    return "\n".join(out)
+
+
+# ------------------------------------------------------------------ CPU: measured solver times
+SOLVER_RESULTS = REPO / "bench" / "results" / "results_solvers.json"
+THROUGHPUT_RESULTS = REPO / "bench" / "results" / "results_throughput.json"
+SOLVERS = ("topk+polish", "sgreedy+polish", "paper", "paper+polish", "greedy")
+# A CPU node for the node counts (an assumption, not a measurement): cores run one shard each
+# (the solver times were measured with one torch thread), memory bounds the shards at once.
+NODE_CORES = 32
+NODE_MEMORY_GIB = 128
+DEADLINE_H = 24.0
+
+
+def solver_times(path=None) -> list[dict]:
+    """(term, solver, n, d, seconds) of every measured solver cell of bench/solvers.py's
+    results (the last cell of a (term, n) wins); [] when the file is missing."""
+    path = Path(path or SOLVER_RESULTS)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    cells = {}
+    for c in data.get("cells", []):
+        cells[(c["term"], int(c["n"]))] = c
+    rows = []
+    for (term, n), c in sorted(cells.items()):
+        for solver, r in c.get("solvers", {}).items():
+            if not isinstance(r, dict) or not r.get("time_s") or r.get("extrapolated"):
+                continue
+            runs = r.get("runs") or [{}]
+            rows.append({"term": term, "solver": solver, "n": n, "d": int(c["d"]),
+                         "partial": c.get("partial"), "steps": c.get("steps"),
+                         "time_s": float(r["time_s"]), "reps": r.get("reps", 1),
+                         "polish_converged": runs[0].get("converged"),
+                         "file": os.path.relpath(path, REPO)})
+    return rows
+
+
+def fit_growth(points) -> dict | None:
+    """Least-squares fit of log t = log a + b log n over (n, t) with >= 2 distinct n."""
+    pts = [(float(n), float(t)) for n, t in points if n > 0 and t > 0]
+    if len({n for n, _ in pts}) < 2:
+        return None
+    xs = [math.log(n) for n, _ in pts]
+    ys = [math.log(t) for _, t in pts]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return {"a": math.exp(my - b * mx), "b": b}
+
+
+def cpu_per_shard(rows: list[dict], n_target: int = 1_000_000) -> list[dict]:
+    """CPU seconds of one shard of ``n_target`` rows per (term, solver): measured where a cell
+    of that size exists, else the growth fit over the measured sizes extrapolated to it."""
+    out = []
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["term"], r["solver"]), []).append(r)
+    for (term, solver), rs in sorted(groups.items()):
+        rs.sort(key=lambda r: r["n"])
+        fit = fit_growth([(r["n"], r["time_s"]) for r in rs])
+        exact = [r for r in rs if r["n"] == n_target]
+        if exact:
+            secs, how = exact[-1]["time_s"], "measured"
+        elif fit:
+            secs, how = fit["a"] * n_target ** fit["b"], "extrapolated"
+        else:
+            continue
+        top = rs[-1]
+        out.append({"term": term, "solver": solver, "d": top["d"], "n": n_target,
+                    "seconds": secs, "how": how, "exponent": fit["b"] if fit else None,
+                    "sizes": [r["n"] for r in rs], "largest_n_s": top["time_s"],
+                    "steps": top["steps"], "partial": top["partial"],
+                    "polish_stopped_by_budget": any(r["polish_converged"] is False for r in rs)})
+    return out
+
+
+def cpu_host_bytes(n: int, d: int, itemsize: int = 4) -> int:
+    """Host memory of a CPU mask pod (a model): the embeddings read as Arrow + numpy (2 copies)
+    plus the engine's whole-shard working set (a unit-normalised copy), plus the interpreter
+    and torch (1 GiB)."""
+    return int(3 * n * d * itemsize + GIB)
+
+
+def io_peaks(path=None) -> dict:
+    """Measured peak RSS (bytes) and rows of the file steps, from bench/throughput.py."""
+    try:
+        data = json.loads(Path(path or THROUGHPUT_RESULTS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return {v: {"peak_bytes": r["peak_rss_mib"] * 2**20, "rows": r["rows"], "dim": data["dim"],
+                "median_s": r["median_s"]}
+            for v, r in data.get("variants", {}).items() if v.endswith("_ours")}
+
+
+def shards_per_node(mem_bytes: float, cores: int = NODE_CORES, memory_gib: float = NODE_MEMORY_GIB) -> int:
+    return max(0, min(cores, int(memory_gib * GIB // max(1, mem_bytes))))
+
+
+def nodes_needed(rows: float, shard_seconds: float, per_node: int, rows_per_shard: int = 1_000_000,
+                 deadline_h: float = DEADLINE_H) -> int:
+    """CPU nodes to finish ``rows`` within ``deadline_h`` hours, shards packed per node."""
+    if per_node < 1:
+        raise ValueError("a shard does not fit on one node")
+    shards = shard_count(rows, rows_per_shard)
+    node_seconds = shards * shard_seconds / per_node
+    return int(math.ceil(node_seconds / (deadline_h * 3600)))
+
+
+def cpu_table(rows=None, n_target: int = 1_000_000, d_memory: int = 768,
+              corpora=(1e9, 1e10)) -> str:
+    rows = solver_times() if rows is None else rows
+    est = cpu_per_shard(rows, n_target)
+    if not est:
+        return "No solver results in bench/results/results_solvers.json: not measured."
+    mem = cpu_host_bytes(n_target, d_memory)
+    per_node = shards_per_node(mem)
+    head = (f"| term | solver | CPU time per {n_target:,}-row shard (1 thread, d = {est[0]['d']}) "
+            f"| from | host memory per shard, d = {d_memory} (model) | shards per node "
+            f"({NODE_CORES} cores, {NODE_MEMORY_GIB} GiB) "
+            + "".join(f"| nodes for {c:.0e} rows in {DEADLINE_H:g} h " for c in corpora) + "|")
+    out = [head, "|---|---|---:|---|---:|---:|" + "---:|" * len(corpora)]
+    for e in est:
+        hours = e["seconds"] / 3600
+        src = (f"measured at n = {e['n']:,}" if e["how"] == "measured" else
+               f"n^{e['exponent']:.2f} fit over n = {', '.join(f'{n:,}' for n in e['sizes'])} "
+               f"({e['largest_n_s']:.3g} s at {e['sizes'][-1]:,})")
+        if e["solver"].startswith("paper"):
+            src += (f"; the bench's learner: {e['steps']:,} steps, batch m = "
+                    f"{e['partial'] * e['sizes'][-1]:,.0f} at the largest n (not 5,000 steps)")
+        if e["polish_stopped_by_budget"]:
+            src += "; polish stopped by its time budget: a lower bound"
+        nodes = "".join(f"| {nodes_needed(c, e['seconds'], per_node, n_target):,} " for c in corpora)
+        out.append(f"| {e['term']} | `{e['solver']}` | {e['seconds']:,.0f} s ({hours:.3g} h) | {src} "
+                   f"| {_gib(mem)} GiB | {per_node} {nodes}|")
+    return "\n".join(out)
+
+
+def io_table(path=None, n_target: int = 1_000_000) -> str:
+    peaks = io_peaks(path)
+    if not peaks:
+        return "No I/O results in bench/results/results_throughput.json: not measured."
+    names = {"ingest_ours": "features (ingest)", "validate_ours": "validate_features (DuckDB checks)",
+             "subset_ours": "selected_subset (write the rows)"}
+    out = ["| step | rows x d measured | peak RSS GiB (measured) | time at that size (median s) "
+           f"| time per {n_target:,} rows if linear |", "|---|---|---:|---:|---:|"]
+    for v, p in peaks.items():
+        out.append(f"| {names.get(v, v)} | {p['rows']:,} x {p['dim']} | {_gib(p['peak_bytes'])} "
+                   f"| {p['median_s']:.3g} | {p['median_s'] * n_target / p['rows']:.3g} s |")
     return "\n".join(out)
 
 
@@ -246,13 +395,17 @@ def main(argv=None) -> int:
               f"{e['smallest_gpu_gib'] or '> 141'} GiB")
         print(f"  pod memory request (host): {_k8s_memory(e['host_bytes'])} "
               f"(DATAMASK_K8S_GPU_MEMORY)")
-        rates = load_bench_rates(args.bench)
-        for r in rates:
-            print(f"  {r['file']}: {r['steps_per_s']:.3g} steps/s on {r.get('device', '?')} "
+        gpu = [r for r in load_bench_rates(args.bench) if str(r.get("device", "")).startswith("cuda")]
+        for r in gpu:
+            print(f"  {r['file']}: {r['steps_per_s']:.3g} steps/s on {r['device']} "
                   f"(n={r.get('n', '?')}, d={r.get('d', '?')}) -> "
                   f"{gpu_hours_per_shard(r['steps_per_s'], args.n_epochs):.3g} h per shard")
-        if not rates:
-            print("  hours per shard: no benchmark results found (bench/results/*.json)")
+        if not gpu:
+            print("  GPU-hours per shard: not measured (no GPU run in bench/results)")
+        for e in cpu_per_shard(solver_times(), s):
+            if e["solver"] == "topk+polish":  # the pipeline's default (solver=auto) on CPU
+                print(f"  CPU, topk+polish, {e['term']}: {e['seconds']:,.0f} s per shard "
+                      f"({e['how']}, d={e['d']}, 1 thread)")
         return 0
 
     print("## Shards\n")
@@ -261,6 +414,10 @@ def main(argv=None) -> int:
     print(memory_table())
     print("\n## Step rates\n")
     print(rates_table(load_bench_rates(args.bench), args.n_epochs))
+    print("\n## CPU time and memory per shard\n")
+    print(cpu_table())
+    print("\n## File steps\n")
+    print(io_table())
     return 0
 
 

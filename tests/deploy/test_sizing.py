@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -67,13 +68,70 @@ def test_bench_rates_are_read_and_marked(sizing, tmp_path):
     assert [(r["device"], r["steps_per_s"]) for r in rates] == [("cpu", 12.5), ("cuda:0", 4.0)]
     assert rates[0]["G"] == 64 and rates[1]["d"] == 768
     table = sizing.rates_table(rates, n_epochs=5000)
-    assert "CPU: not a GPU rate" in table
-    assert f"{5000 / 4.0 / 3600:.3g}" in table
-    assert "TO FILL" in table  # the GPU placeholder stays until a GPU rate is measured
+    assert "| cpu |" not in table  # a CPU rate is no GPU-hour
+    assert f"{5000 / 4.0 / 3600:.3g}" in table and "not measured" not in table
     assert sizing.load_bench_rates(str(tmp_path / "none*.json")) == []
+    # without a GPU rate the row says so instead of inventing one
+    assert "not measured" in sizing.rates_table(rates[:1])
+
+
+def _solver_results(path, cells):
+    path.write_text(json.dumps({"cells": [
+        {"term": t, "n": n, "d": 128, "partial": 0.05, "steps": 1000,
+         "solvers": {s: {"time_s": sec, "reps": 3, "runs": [{"converged": conv}]}
+                     for s, (sec, conv) in solvers.items()}}
+        for t, n, solvers in cells]}))
+    return path
+
+
+def test_cpu_time_per_shard_is_measured_or_fitted(sizing, tmp_path):
+    path = _solver_results(tmp_path / "s.json", [
+        ("DiSF", 10_000, {"topk+polish": (1.0, True), "greedy": (10.0, None)}),
+        ("DiSF", 100_000, {"topk+polish": (100.0, False), "greedy": (1000.0, None)}),
+        ("Pair_simi", 1_000_000, {"topk+polish": (7.0, True)}),
+    ])
+    rows = sizing.solver_times(path)
+    assert len(rows) == 5 and rows[0]["file"].endswith("s.json")
+    est = {(e["term"], e["solver"]): e for e in sizing.cpu_per_shard(rows)}
+    # t = 1 s * (n / 10^4)^2 -> 10^4 s at 10^6
+    e = est[("DiSF", "topk+polish")]
+    assert e["how"] == "extrapolated" and e["exponent"] == pytest.approx(2.0)
+    assert e["seconds"] == pytest.approx(1e4) and e["polish_stopped_by_budget"]
+    assert est[("Pair_simi", "topk+polish")]["how"] == "measured"
+    assert est[("Pair_simi", "topk+polish")]["seconds"] == 7.0
+    table = sizing.cpu_table(rows)
+    assert "n^2.00 fit" in table and "a lower bound" in table and "measured at n = 1,000,000" in table
+    assert sizing.solver_times(tmp_path / "missing.json") == []
+    assert "not measured" in sizing.cpu_table([])
+
+
+def test_nodes_and_shards_per_node(sizing):
+    gib = sizing.GIB
+    assert sizing.shards_per_node(10 * gib, cores=32, memory_gib=128) == 12  # memory-bound
+    assert sizing.shards_per_node(1 * gib, cores=32, memory_gib=128) == 32  # core-bound
+    # 1,000 shards of 3,600 s, 10 at once per node: 360,000 node-seconds -> 5 nodes in 24 h
+    assert sizing.nodes_needed(1e9, 3600.0, 10) == math.ceil(1000 * 3600 / 10 / 86400)
+    with pytest.raises(ValueError):
+        sizing.nodes_needed(1e9, 1.0, 0)
+    assert sizing.cpu_host_bytes(1_000_000, 768) == 3 * 1_000_000 * 768 * 4 + gib
+
+
+def test_io_peaks_come_from_the_throughput_results(sizing, tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"dim": 768, "variants": {
+        "subset_ours": {"peak_rss_mib": 300.0, "rows": 100_000, "median_s": 3.0},
+        "subset_raw_pyarrow": {"peak_rss_mib": 900.0, "rows": 100_000, "median_s": 6.0}}}))
+    peaks = sizing.io_peaks(path)
+    assert list(peaks) == ["subset_ours"] and peaks["subset_ours"]["peak_bytes"] == 300 * 2**20
+    table = sizing.io_table(path)
+    assert "| 30 s |" in table and "100,000 x 768" in table
+    assert "not measured" in sizing.io_table(tmp_path / "missing.json")
 
 
 def test_sizing_md_shows_what_the_script_prints(sizing):
     doc = (REPO / "deploy" / "SIZING.md").read_text()
     assert sizing.memory_table() in doc
     assert sizing.shards_table() in doc
+    assert sizing.cpu_table() in doc
+    assert sizing.io_table() in doc
+    assert sizing.rates_table(sizing.load_bench_rates()) in doc
