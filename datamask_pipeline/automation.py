@@ -99,7 +99,9 @@ def automation_sensor(target: dg.AssetSelection) -> dg.AutomationConditionSensor
         AUTOMATION_SENSOR,
         target=target,
         emit_backfills=True,
-        minimum_interval_seconds=30,
+        # one evaluation took 41-72 s at 10,000 shards (bench/results/REPORT_orchestration.md):
+        # raise it (env DATAMASK_AUTOMATION_INTERVAL_S) for corpora that large
+        minimum_interval_seconds=settings.env_int(settings.ENV_AUTOMATION_INTERVAL) or 30,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Evaluates the automation conditions of the per-shard chain and the catalog "
         "(datamask_pipeline/automation.py); requests that cover several shards become one "

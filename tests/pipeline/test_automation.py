@@ -144,6 +144,12 @@ def test_product_definitions_carry_the_automation():
     sensor = defs.resolve_sensor_def(automation.AUTOMATION_SENSOR)
     assert isinstance(sensor, dg.AutomationConditionSensorDefinition)
     assert sensor.emit_backfills and sensor.default_status == dg.DefaultSensorStatus.STOPPED
+    assert sensor.minimum_interval_seconds == 30
+
+
+def test_automation_interval_is_a_setting(monkeypatch):
+    monkeypatch.setenv("DATAMASK_AUTOMATION_INTERVAL_S", "180")
+    assert automation.automation_sensor(FULL).minimum_interval_seconds == 180
 
 
 # ---------------------------------------------------------------- the raw-shard sensor
