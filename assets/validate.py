@@ -128,6 +128,10 @@ class _Context:
         self.contract = contract
         self.raw_col = {ID: contract.id_column, QUALITY: " + ".join(contract.quality_columns),
                         EMBEDDING: contract.embedding_column}
+        # {(predicate, params): offending rows}, counted for many rules in one scan, and the
+        # embedding lengths' (min, max, non-null count) from the same scan
+        self.counts: dict = {}
+        self.lengths: tuple | None = None
 
     def message(self, rule, column=None, ids=None, count=None, unit="rows", detail=None, rows=None):
         extra = f"checked in {self.features_uri}"
@@ -137,9 +141,11 @@ class _Context:
         return f"partition {self.key!r}: {err}"
 
 
-def _offenders(con, where: str, params=()) -> tuple[int, list, list]:
-    """(count, first ids, first row numbers) of rows matching ``where``."""
-    count = con.execute(f"SELECT count(*) FROM {T} WHERE {where}", list(params)).fetchall()[0][0]
+def _offenders(con, where: str, params=(), count=None) -> tuple[int, list, list]:
+    """(count, first ids, first row numbers) of rows matching ``where`` (``count``: already
+    known, e.g. from ``prefetch_counts``)."""
+    if count is None:
+        count = con.execute(f"SELECT count(*) FROM {T} WHERE {where}", list(params)).fetchall()[0][0]
     if not count:
         return 0, [], []
     rows = con.execute(
@@ -171,7 +177,7 @@ def _broken_rows(con, ctx: _Context, rule: C.Rule, name=None, detail=None, **par
     giving it (run only on failure)."""
     column = COLUMN[rule.columns[0]]
     where, args = rule.where(q(column), **params)
-    count, ids, rows = _offenders(con, where, args)
+    count, ids, rows = _offenders(con, where, args, ctx.counts.get((where, tuple(args))))
     if not count:
         return []
     name = name or rule.name
@@ -217,10 +223,14 @@ def check_finite_quality(con, ctx: _Context) -> list:
 
 
 def check_embedding_dim(con, ctx: _Context) -> list:
-    lengths = con.execute(
-        f"SELECT len({E}) AS d, count(*) AS c FROM {T} WHERE {E} IS NOT NULL "
-        f"GROUP BY d ORDER BY c DESC, d"
-    ).fetchall()
+    known = ctx.lengths  # (shortest, longest, non-null embeddings) from prefetch_counts
+    if known is not None and known[0] == known[1]:  # one length (or none): no second scan
+        lengths = [(known[0], known[2])] if known[2] else []
+    else:
+        lengths = con.execute(
+            f"SELECT len({E}) AS d, count(*) AS c FROM {T} WHERE {E} IS NOT NULL "
+            f"GROUP BY d ORDER BY c DESC, d"
+        ).fetchall()
     if not lengths:
         return []
     expected = ctx.contract.expected_dim
@@ -256,10 +266,35 @@ RUNNERS = {
 }
 
 
-def run_checks(con, ctx: _Context) -> dict:
+def prefetch_counts(con, ctx: _Context) -> None:
+    """Count the offending rows of every row rule whose parameters are known up front in ONE
+    scan of the file (``count(*) FILTER (WHERE ...)`` per rule) into ``ctx.counts``; the checks
+    then query only the rules that are broken, for their first ids. (One scan per rule made
+    validation several full passes over the embeddings.)"""
+    lo, hi = ctx.contract.quality_min, ctx.contract.quality_max
+    rules = [(C.ID_NULL, {}), (C.Q_NULL, {}), (C.Q_FINITE, {}), (C.EMB_NULL, {}),
+             (C.EMB_EMPTY, {}), (C.EMB_FINITE, {}), (C.EMB_ZERO, {})]
+    if lo is not None or hi is not None:
+        rules.append((C.Q_RANGE, {"lo": lo, "hi": hi}))
+    if ctx.contract.expected_dim is not None:
+        rules.append((C.EMB_DIM, {"d": int(ctx.contract.expected_dim)}))
+    preds = [rule.where(q(COLUMN[rule.columns[0]]), **params) for rule, params in rules]
+    sql = ", ".join(f"count(*) FILTER (WHERE {where})" for where, _ in preds)
+    args = [a for _, xs in preds for a in xs]
+    row = con.execute(f"SELECT {sql}, min(len({E})), max(len({E})), count({E}) FROM {T}",
+                      args).fetchall()[0]
+    counts, (lo_len, hi_len, n_emb) = row[:-3], row[-3:]
+    ctx.counts.update({(where, tuple(xs)): int(n) for (where, xs), n in zip(preds, counts)})
+    ctx.lengths = (lo_len, hi_len, int(n_emb))
+
+
+def run_checks(con, ctx: _Context, prefetch: bool = True) -> dict:
     """Run every rule on a connection where the features table is registered.
-    Returns ``{check name: [(rule, message, count, ids), ...]}`` (empty list = passed)."""
+    Returns ``{check name: [(rule, message, count, ids), ...]}`` (empty list = passed).
+    ``prefetch=False``: one count query per rule (the old way; bench/throughput.py compares)."""
     results = {"schema": RUNNERS["schema"](con, ctx)}
+    if prefetch and not results["schema"]:
+        prefetch_counts(con, ctx)
     for name, fn in RUNNERS.items():
         if name == "schema":
             continue

@@ -40,13 +40,15 @@ TARGET = 0.5  # ours / raw throughput
 
 # family -> (our variant, raw counterparts), and the file whose bytes/rows a variant reads
 FAMILIES = {
-    "validation": ("validate_ours", ("validate_raw_duckdb", "validate_raw_pyarrow")),
+    "validation": ("validate_ours", ("validate_raw_duckdb", "validate_raw_pyarrow",
+                                     "validate_ours_per_rule")),
     "subset": ("subset_ours", ("subset_raw_pyarrow",)),
     "ingest": ("ingest_ours", ("ingest_raw_pyarrow",)),
 }
 INPUT = {"validate": "features", "subset": "raw", "ingest": "raw"}
 DESCRIBE = {
     "validate_ours": "assets.validate.run_checks (every contract rule, DuckDB, as the asset)",
+    "validate_ours_per_rule": "before: run_checks(prefetch=False), one count query (scan) per rule",
     "validate_raw_duckdb": "DuckDB: SELECT count(*), sum(quality), sum(list_sum(embedding))",
     "validate_raw_pyarrow": "pyarrow: iter_batches + sum of quality and of every embedding value",
     "subset_ours": "storage.write_selected_rows (streamed, UTF-8 checked, sha256, atomic)",
@@ -57,7 +59,7 @@ DESCRIBE = {
 
 
 # ------------------------------------------------------------------ the variants (child side)
-def _validate_ours(paths: dict):
+def _validate_ours(paths: dict, prefetch: bool = True):
     import duckdb
 
     from assets.validate import T, VALIDATION_MEMORY_LIMIT, _Context, run_checks, sql_string
@@ -70,7 +72,7 @@ def _validate_ours(paths: dict):
         con.execute(f"SET memory_limit = {sql_string(VALIDATION_MEMORY_LIMIT)}")
         con.execute(f"CREATE TEMP VIEW {T} AS SELECT * FROM read_parquet({sql_string(paths['features'])})")
         t0 = time.perf_counter()
-        results = run_checks(con, ctx)
+        results = run_checks(con, ctx, prefetch=prefetch)
         rows = con.execute(f"SELECT count(*) FROM {T}").fetchall()[0][0]
         elapsed = time.perf_counter() - t0
     finally:
@@ -175,6 +177,7 @@ def _rows(path: str) -> int:
 VARIANTS = {
     "validate_ours": _validate_ours,
     "validate_raw_duckdb": _validate_raw_duckdb,
+    "validate_ours_per_rule": lambda paths: _validate_ours(paths, prefetch=False),
     "validate_raw_pyarrow": _validate_raw_pyarrow,
     "subset_ours": _subset_ours,
     "subset_raw_pyarrow": _subset_raw_pyarrow,
@@ -204,7 +207,7 @@ def _child(variant: str, paths: dict) -> dict:
     # already holds when it starts; shown apart from the step's own memory)
     if variant.startswith("validate"):
         import duckdb  # noqa: F401
-    if variant in ("validate_ours", "validate_raw_duckdb"):
+    if variant in ("validate_ours", "validate_ours_per_rule", "validate_raw_duckdb"):
         import assets.validate  # noqa: F401
     if variant == "ingest_ours":
         import assets.ingest  # noqa: F401

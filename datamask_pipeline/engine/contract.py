@@ -167,13 +167,15 @@ EMB_FINITE = R(
     "every embedding value is finite as float32 (no NaN, ±Inf, null, or float64 beyond "
     "float32's range)",
     arrow=lambda x: ~np.isfinite(x).all(axis=1),
-    sql="{c} IS NOT NULL AND "
-        "list_bool_or(list_transform({c}, lambda v: coalesce(NOT isfinite(v), true)))",
+    # a null value inside (list_count skips nulls), or a NaN / Inf that makes the DOUBLE sum
+    # non-finite (a sum of float32 values in DOUBLE cannot overflow); vectorised list
+    # functions instead of a per-value lambda
+    sql="{c} IS NOT NULL AND (list_count({c}) < len({c}) OR NOT isfinite(list_sum({c})))",
     operand="vectors", detail="NaN, Inf, null or float32 overflow inside the vector")
 EMB_ZERO = R("non-zero embeddings", (EMBEDDING,), "rows", "no embedding is all zeros",
              arrow=lambda x: ~x.any(axis=1),
-             sql="{c} IS NOT NULL AND len({c}) > 0 AND "
-                 "list_bool_and(list_transform({c}, lambda v: coalesce(v = 0, false)))",
+             sql="{c} IS NOT NULL AND len({c}) > 0 AND list_count({c}) = len({c}) AND "
+                 "list_min({c}) = 0 AND list_max({c}) = 0",
              operand="vectors")
 del R
 
