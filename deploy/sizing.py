@@ -225,6 +225,7 @@ def rates_table(rates: list[dict], n_epochs: int = 5000) -> str:
 # ------------------------------------------------------------------ CPU: measured solver times
 SOLVER_RESULTS = REPO / "bench" / "results" / "results_solvers.json"
 THROUGHPUT_RESULTS = REPO / "bench" / "results" / "results_throughput.json"
+EMBED_RESULTS = REPO / "bench" / "results" / "results_embed.json"
 SOLVERS = ("topk+polish", "sgreedy+polish", "paper", "paper+polish", "greedy")
 # A CPU node for the node counts (an assumption, not a measurement): cores run one shard each
 # (the solver times were measured with one torch thread), memory bounds the shards at once.
@@ -371,6 +372,27 @@ def io_table(path=None, n_target: int = 1_000_000) -> str:
     return "\n".join(out)
 
 
+def embed_table(path=None, corpora=(1e9, 1e10)) -> str:
+    """CPU cost of embedding with the default model, from bench/embed.py's measured rates:
+    core-hours = documents / (documents/s at one thread) / 3600."""
+    try:
+        data = json.loads(Path(path or EMBED_RESULTS).read_text())
+    except (OSError, ValueError):
+        return "No embedding results in bench/results/results_embed.json: not measured."
+    s = data["sample"]
+    out = [f"| variant ({data['model']['name']}, {s['docs']:,} documents, mean "
+           f"{s['tokens_per_doc']['mean']:.0f} tokens) | documents/s (1 thread, median) "
+           "| tokens/s | peak RSS GiB |"
+           + "".join(f" core-hours for {c:.0e} documents |" for c in corpora),
+           "|---|---:|---:|---:|" + "---:|" * len(corpora)]
+    for name in ("embed_shard", "reference"):
+        v = data["variants"][name]
+        out.append(f"| `{name}` | {v['docs_per_s']:,.0f} | {v['tokens_per_s']:,.0f} "
+                   f"| {_gib(v['peak_rss_mib'] * 2**20)} |"
+                   + "".join(f" {c / v['docs_per_s'] / 3600:,.0f} |" for c in corpora))
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=float, help="corpus rows N (e.g. 2e10)")
@@ -418,6 +440,8 @@ def main(argv=None) -> int:
     print(cpu_table())
     print("\n## File steps\n")
     print(io_table())
+    print("\n## Embedding cost\n")
+    print(embed_table())
     return 0
 
 

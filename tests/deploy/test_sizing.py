@@ -128,10 +128,23 @@ def test_io_peaks_come_from_the_throughput_results(sizing, tmp_path):
     assert "not measured" in sizing.io_table(tmp_path / "missing.json")
 
 
+def test_embedding_cost_comes_from_the_embed_bench(sizing, tmp_path):
+    path = tmp_path / "e.json"
+    v = {"docs_per_s": 1000.0, "tokens_per_s": 2e5, "peak_rss_mib": 512.0}
+    path.write_text(json.dumps({"model": {"name": "wordllama/l2_supercat"},
+                                "sample": {"docs": 10_000, "tokens_per_doc": {"mean": 200.0}},
+                                "variants": {"embed_shard": v, "reference": v}}))
+    table = sizing.embed_table(path, corpora=(1e9,))
+    # 1e9 documents / 1,000 per s / 3600 = 277.8 core-hours
+    assert "| `embed_shard` | 1,000 | 200,000 | 0.50 | 278 |" in table
+    assert "not measured" in sizing.embed_table(tmp_path / "missing.json")
+
+
 def test_sizing_md_shows_what_the_script_prints(sizing):
     doc = (REPO / "deploy" / "SIZING.md").read_text()
     assert sizing.memory_table() in doc
     assert sizing.shards_table() in doc
     assert sizing.cpu_table() in doc
     assert sizing.io_table() in doc
+    assert sizing.embed_table() in doc
     assert sizing.rates_table(sizing.load_bench_rates()) in doc
