@@ -279,9 +279,10 @@ def prefetch_counts(con, ctx: _Context) -> None:
     if ctx.contract.expected_dim is not None:
         rules.append((C.EMB_DIM, {"d": int(ctx.contract.expected_dim)}))
     preds = [rule.where(q(COLUMN[rule.columns[0]]), **params) for rule, params in rules]
-    sql = ", ".join(f"count(*) FILTER (WHERE {where})" for where, _ in preds)
+    # each predicate is a contract rule's SQL on a quoted column, values as ? parameters
+    conds = ", ".join(f"count(*) FILTER (WHERE {where})" for where, _ in preds)
     args = [a for _, xs in preds for a in xs]
-    row = con.execute(f"SELECT {sql}, min(len({E})), max(len({E})), count({E}) FROM {T}",
+    row = con.execute(f"SELECT {conds}, min(len({E})), max(len({E})), count({E}) FROM {T}",
                       args).fetchall()[0]
     counts, (lo_len, hi_len, n_emb) = row[:-3], row[-3:]
     ctx.counts.update({(where, tuple(xs)): int(n) for (where, xs), n in zip(preds, counts)})

@@ -2,6 +2,7 @@
 checks, jobs, sensor, schedule, resources; and the config surface of the mask step."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,7 +12,6 @@ from assets.learn import MaskConfig, default_knobs_hash, mask
 from datamask_pipeline import settings
 from datamask_pipeline.definitions import defs
 from datamask_pipeline.engine.config import LearnerConfig
-from resources.storage import DataRoot
 
 EXPECTED_ASSETS = {
     # an observable source: executable = Dagster can observe it (its data versions)
@@ -95,7 +95,8 @@ def test_jobs_sensor_schedule_resources():
     assert auto.default_status == dg.DefaultSensorStatus.STOPPED and auto.emit_backfills
 
     assert set(defs.resources) == {"data_root", "contract", "learner", "duckdb", "catalog"}
-    assert defs.resources["catalog"].database == DataRoot(root=settings.data_root()).catalog()
+    # the catalog's database is <data root>/catalog.duckdb (the data root of the load)
+    assert os.path.basename(defs.resources["catalog"].database) == "catalog.duckdb"
     assert defs.resources["duckdb"].database == ":memory:"
 
 

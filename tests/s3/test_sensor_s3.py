@@ -1,6 +1,7 @@
-"""The raw-shard sensor watching a raw prefix in S3: new objects become partitions with a run
-each, an object rewritten in place gets a new run, temp objects of in-flight uploads and
-names that cannot be partition keys are ignored."""
+"""The raw-shard sensor watching a raw prefix in S3: new objects become partitions with a
+data version each, an object rewritten in place gets a new data version (automation launches
+the runs), temp objects of in-flight uploads and names that cannot be partition keys are
+ignored."""
 
 import tempfile
 
@@ -44,15 +45,16 @@ def test_sensor_on_an_s3_raw_prefix(s3fs, bucket, instance):
     first = _tick(instance, data_root)
     [add] = first.dynamic_partitions_requests
     assert add.partitions_def_name == PARTITIONS_NAME and list(add.partition_keys) == ["shard_a", "shard_b"]
-    assert {r.partition_key: r.tags["datamask/trigger"] for r in first.run_requests} == {
-        "shard_a": "new shard", "shard_b": "new shard"}
+    assert not first.run_requests
+    assert [e.partition for e in first.asset_events] == ["shard_a", "shard_b"]
     instance.add_dynamic_partitions(PARTITIONS_NAME, list(add.partition_keys))
 
     second = _tick(instance, data_root, first.cursor)
-    assert not second.run_requests and not second.dynamic_partitions_requests
+    assert not second.asset_events and not second.dynamic_partitions_requests
 
     _put(s3fs, bucket, "shard_b.parquet", 150, 5)  # rewritten in place (new size and mtime)
     third = _tick(instance, data_root, second.cursor)
-    assert {r.partition_key: r.tags["datamask/trigger"] for r in third.run_requests} == {
-        "shard_b": "raw shard rewritten"}
+    [obs] = third.asset_events
+    assert obs.partition == "shard_b"
+    assert obs.tags["dagster/data_version"] != first.asset_events[1].tags["dagster/data_version"]
     assert not third.dynamic_partitions_requests

@@ -24,6 +24,8 @@ SCORE_NAMES = {"selection": "datamask", "quality_topk": "quality_topk", "random"
 
 # Per-step history fields that measure the run rather than the result (not persisted).
 RUN_FACTS = ("elapsed_s",)
+# Polish fields that measure the run (its wall time and its (elapsed, f, swaps) trace).
+POLISH_RUN_FACTS = ("elapsed_s", "history")
 
 
 class MaskFileError(ValueError):
@@ -75,13 +77,16 @@ class SelectionRecord:
         return float(self.scores[name]["f"])
 
     def to_json(self) -> bytes:
-        """The persisted record: what was decided, not how long it took. Wall times
-        (``timings``, each history entry's ``elapsed_s``) stay out of the file, so equal inputs
+        """The persisted record: what was decided, not how it ran. Wall times (``timings``,
+        each history entry's and the polish's ``elapsed_s``, the polish trace) and the step a
+        retry resumed from stay out of the file, so equal inputs
         and config give byte-equal mask files (the data version is their hash); they are in the
         mask materialization's metadata."""
         d = asdict(self)
-        d["timings"] = {}
+        d["timings"], d["resumed_from"] = {}, 0
         d["history"] = [{k: v for k, v in h.items() if k not in RUN_FACTS} for h in d["history"]]
+        if d["polish"]:
+            d["polish"] = {k: v for k, v in d["polish"].items() if k not in POLISH_RUN_FACTS}
         return json.dumps({"format": FORMAT_VERSION, **d}, sort_keys=True,
                           default=_plain).encode("utf-8")
 
