@@ -99,6 +99,17 @@ def route_for(cfg: LearnerConfig, n: int, device: torch.device | str = "cpu") ->
     if solver == "auto":
         solver, auto_why = solver_table.choose(cfg.term_spec, n, resolve_device(device).type)
         why.append(auto_why)
+        # The table's facility rows were measured on the dense similarity. On the sparse one
+        # (large n) topk+polish hit its time cap below random at 10^5 while sparse greedy beat
+        # apricot's objective in less time (bench/results/REPORT_peers.md): run greedy there.
+        mode = getattr(term, "mode", None)
+        if solver == "topk+polish" and mode is not None:
+            from .objectives import default_mem_budget
+
+            if mode(n, 4, default_mem_budget(resolve_device(device))) == "sparse":
+                solver = "greedy"
+                why.append("facility location on the sparse similarity: greedy (the table's "
+                           "topk+polish was measured on dense)")
     needs = {"paper+polish": ("polish",), "topk+polish": ("polish",),
              "sgreedy+polish": ("greedy", "polish"), "greedy": ("greedy",)}.get(solver, ())
     missing = [cap for cap in needs if not term.supports(cap)]

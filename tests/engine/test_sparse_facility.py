@@ -244,3 +244,18 @@ def test_cli_runs_on_the_sparse_similarity(tmp_path):
     M, _ = sparse_matrix(x, 16)
     sel = np.sort(np.asarray(pq.read_table(out).column("chunk_id").to_pylist()))
     assert summary["objective"]["selection"]["f"] == pytest.approx(f_of(M, q, sel, 0.5), abs=1e-5)
+
+
+def test_auto_runs_greedy_on_the_sparse_similarity():
+    """The solver table's facility rows were measured on dense; on the sparse similarity
+    ``auto`` runs greedy (REPORT_peers.md: topk+polish capped below random at 10^5), while a
+    dense-size facility shard and the other terms keep the table's choice."""
+    from datamask_pipeline.engine.config import LearnerConfig
+    from datamask_pipeline.engine.select import route_for
+
+    big = LearnerConfig.profile("pipeline").model_copy(update={"algorithm": "Facility"})
+    route, why = route_for(big, 100_000, "cpu")
+    assert route == "greedy" and "sparse" in why
+    assert route_for(big, 2_000, "cpu")[0] == "topk+polish"  # dense there
+    disf = LearnerConfig.profile("pipeline")
+    assert route_for(disf, 100_000, "cpu")[0] == "topk+polish"
