@@ -17,7 +17,7 @@ import subprocess
 import dagster as dg
 from dagster._core.definitions.data_version import StaleStatus
 
-from assets.ingest import features
+from assets.ingest import features, raw_shard
 from assets.partitions import register_shards
 from assets.learn import mask
 from assets.select import selected_subset
@@ -43,10 +43,10 @@ def _versions(instance, key) -> dict:
 
 
 def _status(instance, key) -> dict:
-    # Dagster's own helper: the resolver the UI uses, over the chain's assets
+    # Dagster's own helper: the resolver the UI uses, over the chain's assets and their source
     from dagster._utils.test.data_versions import get_stale_status_resolver
 
-    resolver = get_stale_status_resolver(instance, [features, mask, selected_subset])
+    resolver = get_stale_status_resolver(instance, [raw_shard, features, mask, selected_subset])
     return {a.key.to_user_string(): resolver.get_status(a.key, key) for a in (mask, selected_subset)}
 
 
