@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import statistics
 import time
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ import numpy as np
 
 
 # ------------------------------------------------------------------ machine
-def _cpu_model() -> str:
+def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
@@ -21,6 +22,20 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory: VmHWM of /proc/self/status (reset by exec, so a
+    child started by a large parent does not inherit its peak; ``ru_maxrss`` is carried across
+    fork + exec on Linux), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _mem_total_gib() -> float | None:
@@ -45,7 +60,7 @@ def machine_info(device) -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "memory_gib": round(_mem_total_gib() or 0, 1),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),

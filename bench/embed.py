@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+from .common import cpu_model, loadavg, median, peak_rss_bytes
+
 REPO = Path(__file__).resolve().parent.parent
 VARIANTS = ("embed_shard", "embedder", "reference", "tokenize")
 DESCRIBE = {
@@ -94,14 +96,6 @@ def write_sample(work: Path, docs: list[str]) -> dict:
 
 
 # ------------------------------------------------------------------ one variant (child side)
-def peak_rss_bytes() -> int:
-    """VmHWM of /proc/self/status: this process's peak (exec resets it; ``ru_maxrss`` would
-    carry the parent's)."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _threads() -> int:
@@ -167,8 +161,6 @@ def _child(variant: str, paths: dict) -> dict:
 
 
 # ------------------------------------------------------------------ the driver (parent side)
-def _loadavg():
-    return [round(v, 2) for v in os.getloadavg()]
 
 
 def _run_variant(variant: str, paths: dict) -> dict:
@@ -183,10 +175,6 @@ def _run_variant(variant: str, paths: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def summarize(runs: dict, doc_tokens: int, embedded_tokens: dict) -> dict:
@@ -195,7 +183,7 @@ def summarize(runs: dict, doc_tokens: int, embedded_tokens: dict) -> dict:
     out = {}
     for v, recs in runs.items():
         walls = [r["wall_s"] for r in recs]
-        med, docs = _median(walls), recs[0]["docs"]
+        med, docs = median(walls), recs[0]["docs"]
         out[v] = {
             "what": DESCRIBE[v], "reps": len(recs), "wall_s": walls, "median_s": med,
             "min_s": min(walls), "max_s": max(walls),
@@ -203,8 +191,8 @@ def summarize(runs: dict, doc_tokens: int, embedded_tokens: dict) -> dict:
             "docs_per_s_max": docs / min(walls),
             "tokens_per_s": doc_tokens / med,
             "embedded_tokens_per_s": embedded_tokens[v] / med,
-            "cpu_over_wall": _median([r["cpu_s"] / r["wall_s"] for r in recs]),
-            "load_s": _median([r["load_s"] for r in recs]),
+            "cpu_over_wall": median([r["cpu_s"] / r["wall_s"] for r in recs]),
+            "load_s": median([r["load_s"] for r in recs]),
             "peak_rss_mib": max(r["peak_rss_bytes"] for r in recs) / 2**20,
             "rss_after_load_mib": max(r["rss_after_load_bytes"] for r in recs) / 2**20,
             "threads": max(r["threads"] for r in recs),
@@ -243,8 +231,8 @@ def run(docs_n: int, reps: int, max_sentences: int, out: Path, work: Path, comma
     embedded = {"embed_shard": kept, "embedder": kept, "tokenize": kept,
                 "reference": int(tokens.sum())}
     runs = {v: [] for v in VARIANTS}
-    load_rounds, machine = [], {"cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
-                                "python": platform.python_version(), "loadavg_start": _loadavg()}
+    load_rounds, machine = [], {"cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
+                                "python": platform.python_version(), "loadavg_start": loadavg()}
     for rnd in range(1 - warmup, reps + 1):  # rounds < 1: untimed warm-up
         shift = rnd % len(VARIANTS)
         for v in VARIANTS[shift:] + VARIANTS[:shift]:
@@ -254,8 +242,8 @@ def run(docs_n: int, reps: int, max_sentences: int, out: Path, work: Path, comma
             log(f"round {rnd}{' (warm-up)' if rnd < 1 else ''} {v}: {rec['wall_s']:.3f} s, "
                 f"peak RSS {rec['peak_rss_bytes'] / 2**20:.0f} MiB")
         if rnd >= 1:
-            load_rounds.append(_loadavg())
-    machine["loadavg_end"] = _loadavg()
+            load_rounds.append(loadavg())
+    machine["loadavg_end"] = loadavg()
     import pyarrow
     import tokenizers
     import wordllama
@@ -379,15 +367,6 @@ def render(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def main(argv=None) -> int:

@@ -93,7 +93,7 @@ def machine() -> dict:
     import pyarrow
 
     info = {"platform": platform.platform(), "python": platform.python_version(),
-            "cpu_count": os.cpu_count(), "cpu_model": common._cpu_model(),
+            "cpu_count": os.cpu_count(), "cpu_model": common.cpu_model(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "numpy": np.__version__, "pyarrow": pyarrow.__version__, "device": str(dev),
             "loadavg_start": common.loadavg()}

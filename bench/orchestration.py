@@ -49,7 +49,7 @@ from pathlib import Path
 
 import dagster as dg
 
-from bench.common import _cpu_model, loadavg
+from bench.common import cpu_model, loadavg
 
 SCHEMA_VERSION = 1
 OUR_TICK_LIMIT_S = 10.0
@@ -343,7 +343,7 @@ def main(argv=None) -> int:
         "command": "python -m bench.orchestration " + " ".join(argv if argv is not None
                                                                else sys.argv[1:]),
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
+                    "cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
                     "dagster": dg.__version__,
                     "loadavg_start": loadavg(), "workdir": str(workdir)},
         "settings": {"shards": sizes, "reps": a.reps, "refresh_cron": automation.refresh_cron(),

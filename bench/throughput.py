@@ -28,12 +28,13 @@ import argparse
 import datetime as _dt
 import json
 import os
-import resource
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .common import cpu_model, loadavg, median, peak_rss_bytes
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = 0.5  # ours / raw throughput
@@ -186,18 +187,6 @@ VARIANTS = {
 }
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident memory: VmHWM of /proc/self/status (reset by exec, so a
-    child started by a large parent does not inherit its peak; ``ru_maxrss`` is carried across
-    fork + exec on Linux), else ``ru_maxrss``."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _child(variant: str, paths: dict) -> dict:
@@ -226,11 +215,6 @@ def _child(variant: str, paths: dict) -> dict:
 
 
 # ------------------------------------------------------------------ the driver (parent side)
-def _loadavg():
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def make_shard(work: Path, rows: int, dim: int, select_ratio: float, seed: int = 0) -> dict:
@@ -278,10 +262,6 @@ def _run_variant(variant: str, paths: dict, work: Path, threads: int | None) -> 
     return rec
 
 
-def _median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
 def summarize(runs: dict, paths: dict) -> dict:
@@ -293,15 +273,15 @@ def summarize(runs: dict, paths: dict) -> dict:
         in_path = paths[INPUT[v.split("_")[0]]]
         in_bytes = os.path.getsize(in_path)
         rows = recs[0]["rows"]
-        med = _median(walls)
+        med = median(walls)
         variants[v] = {
             "what": DESCRIBE[v], "input": os.path.basename(in_path), "input_bytes": in_bytes,
             "rows": rows, "reps": len(recs), "wall_s": walls, "median_s": med,
             "min_s": min(walls), "max_s": max(walls),
             "rows_per_s": rows / med, "mb_per_s": in_bytes / 1e6 / med,
-            "cpu_s_median": _median([r["cpu_s"] for r in recs]),
+            "cpu_s_median": median([r["cpu_s"] for r in recs]),
             "peak_rss_mib": max(r["peak_rss_bytes"] for r in recs) / 2**20,
-            "rss_after_imports_mib": _median([r["rss_after_imports_bytes"] for r in recs]) / 2**20,
+            "rss_after_imports_mib": median([r["rss_after_imports_bytes"] for r in recs]) / 2**20,
             "out_bytes": recs[0].get("out_bytes"),
         }
     families = {}
@@ -367,8 +347,8 @@ def run(rows: int, dim: int, reps: int, select_ratio: float, out: Path, work: Pa
     variants = [v for fam in families for v in (FAMILIES[fam][0], *FAMILIES[fam][1])]
     runs = {v: [] for v in variants}
     load_rounds = []
-    machine = {"cpu_count": os.cpu_count(), "cpu_model": _cpu_model(),
-               "python": platform.python_version(), "loadavg_start": _loadavg()}
+    machine = {"cpu_count": os.cpu_count(), "cpu_model": cpu_model(),
+               "python": platform.python_version(), "loadavg_start": loadavg()}
     for rnd in range(1 - warmup, reps + 1):  # rounds < 1: untimed warm-up
         shift = rnd % len(variants)
         for v in variants[shift:] + variants[:shift]:
@@ -378,8 +358,8 @@ def run(rows: int, dim: int, reps: int, select_ratio: float, out: Path, work: Pa
             log(f"round {rnd}{' (warm-up)' if rnd < 1 else ''} {v}: {rec['wall_s']:.3f}s, "
                 f"peak RSS {rec['peak_rss_bytes'] / 2**20:.0f} MiB")
         if rnd >= 1:
-            load_rounds.append(_loadavg())
-    machine["loadavg_end"] = _loadavg()
+            load_rounds.append(loadavg())
+    machine["loadavg_end"] = loadavg()
     import duckdb
     import pyarrow
 
@@ -408,15 +388,6 @@ def run(rows: int, dim: int, reps: int, select_ratio: float, out: Path, work: Pa
     return res
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def main(argv=None) -> int:
