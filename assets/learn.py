@@ -146,7 +146,8 @@ def preflight(learner: MaskLearner, shard, cfg: LearnerConfig, key: str, log) ->
     try:
         cfg.validate(shard.n)
         check_quality_scale(shard.quality, learner.dtype())
-        estimate = learner.estimate(shard.n, shard.d, cfg)
+        estimate = learner.estimate(shard.n, shard.d, cfg,
+                                    resident_bytes=int(getattr(shard.embeddings, "nbytes", 0)))
         device = learner.torch_device()
     except (ConfigError, DeviceError) as exc:
         raise _fail(key, exc, "cannot run this configuration here") from exc

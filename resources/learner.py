@@ -116,9 +116,10 @@ class MaskLearner(dg.ConfigurableResource):
             if torch.get_num_threads() != old_threads:
                 torch.set_num_threads(old_threads)
 
-    def estimate(self, n: int, d: int, cfg) -> dict:
+    def estimate(self, n: int, d: int, cfg, resident_bytes: int = 0) -> dict:
         """The engine's pre-flight memory estimate for the route ``cfg`` takes on this device
-        and precision (raises ConfigError when the run cannot fit)."""
+        and precision (raises ConfigError when the run cannot fit). ``resident_bytes``: the
+        shard's embeddings already in this process (they count as available on CPU)."""
         import torch
 
         from datamask_pipeline.engine.config import LEARNING_SOLVERS
@@ -129,7 +130,8 @@ class MaskLearner(dg.ConfigurableResource):
         device = self.torch_device()
         route, _ = route_for(cfg, n, device)
         return estimate_memory(n, d, cfg, device, itemsize=torch.finfo(dtype).bits // 8,
-                               learning=route in LEARNING_SOLVERS)
+                               learning=route in LEARNING_SOLVERS,
+                               resident_bytes=resident_bytes if device.type == "cpu" else 0)
 
     def select(self, shard, cfg, *, checkpoint_path: str | None = None,
                log: Callable[[str], None] | None = None):

@@ -42,6 +42,15 @@ def device_memory(device: torch.device) -> int:
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free)
+    # Linux: MemAvailable (free memory plus the page cache the kernel can drop). MemFree
+    # alone reads as a few GiB on a machine that just wrote a large shard.
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError):  # pragma: no cover - non-POSIX

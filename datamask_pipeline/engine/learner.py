@@ -68,6 +68,7 @@ class LearnResult:
 def estimate_memory(
     n: int, d: int, cfg: LearnerConfig, device: torch.device | str = "cpu",
     itemsize: int = 4, mem_budget: int | None = None, learning: bool = True,
+    resident_bytes: int = 0,
 ) -> dict:
     """Pre-flight estimate of peak bytes for a run; raises ConfigError when it cannot fit.
 
@@ -77,6 +78,8 @@ def estimate_memory(
     terms keep (unit rows or DiSF's frame, facility's similarity: the n x n matrix or the
     sparse neighbour graph) and the bounded working memory of greedy / polish. With learning,
     facility's whole-shard similarity (the evaluation's) is counted as its own part.
+    ``resident_bytes``: what the caller already holds of these parts on this device (the
+    loaded embeddings on CPU); it is counted in the estimate and so added to what is available.
     """
     device = resolve_device(device)
     budget = mem_budget or default_mem_budget(device)
@@ -103,7 +106,7 @@ def estimate_memory(
             "objective_workspace": cfg.diversity_term().workspace_bytes(n, k, d, 4, budget),
         }
     total = int(sum(parts.values()))
-    avail = device_memory(device)
+    avail = device_memory(device) + int(resident_bytes)
     out = {"total_bytes": total, "available_bytes": avail, "parts": parts}
     fac = _facility_part(cfg)
     if fac is not None:
