@@ -24,20 +24,25 @@ def disf_from_points(xu: torch.Tensor, floor=DISF_STD_FLOOR,
     c, k, d = xu.shape
     sd = stats_dtype or xu.dtype
     xs = xu.to(sd)
-    xc = xs - xs.mean(dim=1, keepdim=True)
-    var = (xc * xc).sum(dim=1, keepdim=True) / (k - 1)
+    # Few passes over the (c, k, d) stack (the learner's inner kernel), each a plain
+    # elementwise op or an inner-friendly reduction (torch.var_mean and vector_norm over
+    # dim 1 are 10-40x slower here on CPU).
+    mean = xs.mean(dim=1, keepdim=True)
+    xc = xs - mean
+    del xs
+    var = (xc * xc).sum(dim=1, keepdim=True).div_(k - 1)  # (c, 1, d)
     fl = torch.as_tensor(floor, dtype=sd, device=xu.device)
-    z = (xc / torch.maximum(var.sqrt(), fl)).to(xu.dtype)  # |z| <= sqrt(k - 1): in range
-    del xs, xc
+    inv = torch.maximum(var.sqrt(), fl).reciprocal_()
+    z = xc.mul_(inv).to(xu.dtype)  # |z| <= sqrt(k - 1): in range
     if k < d:
-        gram = z @ z.transpose(1, 2)  # (c, k, k); ||Z^T Z||_F = ||Z Z^T||_F
-        fro2 = (gram * gram).sum(dim=(1, 2))
-        diag = (z * z).sum(dim=1) / (k - 1)  # (c, d): C_aa, from the same z as the Gram
-        off = fro2 / (k - 1) ** 2 - (diag * diag).sum(dim=1)
+        gram = torch.bmm(z, z.transpose(1, 2))  # (c, k, k); ||Z^T Z||_F = ||Z Z^T||_F
+        fro2 = torch.linalg.vector_norm(gram, dim=(1, 2)).square_()
+        diag = (var * inv * inv).squeeze(1).to(xu.dtype)  # (c, d): C_aa (1 unless floored)
+        off = fro2 / (k - 1) ** 2 - diag.square_().sum(dim=1)
     else:
-        cov = z.transpose(1, 2) @ z / (k - 1)  # (c, d, d)
+        cov = torch.bmm(z.transpose(1, 2), z).div_(k - 1)  # (c, d, d)
         cov.diagonal(dim1=1, dim2=2).zero_()  # off-diagonal sum directly: no cancellation
-        off = (cov * cov).sum(dim=(1, 2))
+        off = torch.linalg.vector_norm(cov, dim=(1, 2)).square_()
     return -off / (d * d)
 
 
