@@ -104,6 +104,11 @@ class LearnerConfig(BaseModel):
         "sgreedy+polish: from a stochastic greedy; greedy: exact greedy; auto: the measured "
         "fastest route to the best whole-shard f for the term, n and device.",
         flags=("--solver",))
+    polish_time_budget_s: Optional[float] = _knob(
+        None, "Wall-clock cap in seconds on the swap search of the +polish solvers; unset = "
+        "until a local optimum. When it binds, the result is the best swap set found so far "
+        "(the run's polish record says so).",
+        flags=("--polish_time_budget_s", "--polish-time-budget-s"), gt=0.0)
     rollout_chunk: Optional[int] = _knob(
         None, "Rollouts scored at once (memory vs speed); unset = chosen from the objective's "
         "memory budget. Does not change the result.", flags=("--rollout_chunk",), ge=1)
@@ -226,11 +231,13 @@ class LearnerConfig(BaseModel):
 
     def config_hash(self) -> str:
         """Stable hash of everything that changes the result (rollout_chunk does not; terms
-        left unset hash as before they existed)."""
+        and polish_time_budget_s left unset hash as before they existed)."""
         d = self.to_dict()
         d.pop("rollout_chunk", None)
         if d.get("terms") is None:
             d.pop("terms", None)
+        if d.get("polish_time_budget_s") is None:  # unset: hash as before the knob existed
+            d.pop("polish_time_budget_s", None)
         for f in ("facility_similarity", "facility_neighbors", "facility_knn"):
             if d[f] == type(self).model_fields[f].default:  # at defaults: hash as before them
                 d.pop(f)

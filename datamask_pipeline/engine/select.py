@@ -217,7 +217,9 @@ def select_shard(
     if route.endswith("+polish"):
         t0 = time.perf_counter()
         pr = polish(x, q, start, term, cfg.lamb, device=dev, allowed=allowed,
-                    mem_budget=mem_budget, time_budget_s=polish_time_budget_s)
+                    mem_budget=mem_budget,
+                    time_budget_s=(polish_time_budget_s if polish_time_budget_s is not None
+                                   else cfg.polish_time_budget_s))
         timings["polish_s"] = time.perf_counter() - t0
         chosen = pr.selected
         polish_info = pr.as_dict()
