@@ -31,7 +31,6 @@ import json
 import os
 import pstats
 import re
-import resource
 import shlex
 import shutil
 import statistics
@@ -125,20 +124,37 @@ def prepare(workdir: Path, rows: int, dim: int, threads: int, seed: int = 0) -> 
 
 
 def measured(cmd: list, env: dict, timeout_s: int = 1800) -> dict:
-    """Run ``cmd`` and return its wall seconds, CPU seconds (user + sys of it and its waited-for
-    children: ``RUSAGE_CHILDREN`` deltas) and the 1-minute load average before and after."""
-    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """Run ``cmd`` and return its wall seconds, its CPU seconds and peak RSS (user + sys and
+    ``ru_maxrss`` of it and its waited-for descendants: the ``wait4`` rusage of this one child,
+    so runs in one process do not share a peak) and the 1-minute load average before and after.
+    Past ``timeout_s`` the child is killed and ``rc`` is 124."""
+    import tempfile
+
     la0 = loadavg()
-    t = time.perf_counter()
-    p = subprocess.run(cmd, cwd=str(REPO), env=env, capture_output=True, text=True,
-                       timeout=timeout_s)
-    wall = time.perf_counter() - t
-    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    user, sys_ = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
-    return {"rc": p.returncode, "wall_s": wall, "cpu_s": user + sys_, "user_s": user,
-            "sys_s": sys_, "loadavg_before": la0, "loadavg_after": loadavg(),
-            "stdout": p.stdout, "stderr": p.stderr,
-            "tail": (p.stderr or "")[-1500:] + (p.stdout or "")[-500:]}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, cwd=str(REPO), env=env, stdout=out, stderr=err, text=True)
+        timed_out = False
+        while True:
+            pid, status, ru = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - t > timeout_s:
+                p.kill()
+                pid, status, ru = os.wait4(p.pid, 0)
+                timed_out = True
+                break
+            time.sleep(0.05)
+        wall = time.perf_counter() - t
+        p.returncode = 124 if timed_out else os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    return {"rc": p.returncode, "wall_s": wall, "cpu_s": ru.ru_utime + ru.ru_stime,
+            "user_s": ru.ru_utime, "sys_s": ru.ru_stime, "peak_rss_bytes": ru.ru_maxrss * 1024,
+            "loadavg_before": la0, "loadavg_after": loadavg(),
+            "stdout": stdout, "stderr": stderr,
+            "tail": (stderr or "")[-1500:] + (stdout or "")[-500:]}
 
 
 _STEP_DONE = re.compile(r' - (\S+) - STEP_SUCCESS - Finished execution of step "[^"]+" in '
