@@ -358,6 +358,70 @@ def cpu_table(rows=None, n_target: int = 1_000_000, d_memory: int = 768,
     return "\n".join(out)
 
 
+LARGE_SHARD_GLOB = str(REPO / "bench" / "results" / "results_large_shard*.json")
+
+
+def large_shard_runs(pattern: str | None = None) -> list[dict]:
+    """Every term's 10^6-row pipeline run of bench/large_shard.py (one row per term; a later
+    file's row for a term wins; quick-mode files are ignored)."""
+    rows: dict = {}
+    for f in sorted(glob.glob(pattern or LARGE_SHARD_GLOB)):
+        try:
+            data = json.loads(Path(f).read_text())
+        except (OSError, ValueError):
+            continue
+        if "quick" in str(data.get("tag", "")):
+            continue
+        for term, r in data.get("terms", {}).items():
+            rows[term] = {**r, "term": term, "rows": data["rows"], "dim": data["dim"],
+                          "threads": data.get("threads"),
+                          "file": os.path.relpath(f, REPO), "command": data.get("command")}
+    return [rows[t] for t in sorted(rows)]
+
+
+def large_shard_table(runs=None, corpora=(1e9, 1e10)) -> str:
+    """Measured per-shard CPU cost of the whole chain at the shard size of the runs: wall and
+    CPU time of features -> checks -> mask -> subset, peak RSS of the run's process tree;
+    shards per node (bounded by cores at the run's CPU/wall and by memory at its peak RSS)
+    and nodes for a corpus derived from those numbers."""
+    runs = large_shard_runs() if runs is None else runs
+    if not runs:
+        return "No 10⁶-row pipeline runs in bench/results/results_large_shard*.json: not measured."
+    out = ["| term | rows × d | route (solver `auto`) | mask step | whole chain (wall) "
+           "| CPU time (user + sys) | peak RSS (measured) "
+           "| f: selection / quality top-k / stochastic greedy "
+           f"| shards per node ({NODE_CORES} cores, {NODE_MEMORY_GIB} GiB) "
+           + "".join(f"| nodes for {c:.0e} rows in {DEADLINE_H:g} h " for c in corpora) + "| from |",
+           "|---|---|---|---:|---:|---:|---:|---|---:|" + "---:|" * len(corpora) + "---|"]
+    for r in runs:
+        size = f"{r['rows']:,} × {r['dim']}"
+        if r.get("refused") or r.get("rc"):
+            msg = " ".join(str(r.get("refused", "")).split())[:160]
+            out.append(f"| {r['term']} | {size} | refused by the pre-flight: {msg} | | | "
+                       f"| {_gib(r['peak_rss_bytes'])} GiB | |" + " |" * (len(corpora) + 1)
+                       + f" {r['file']} |")
+            continue
+        steps = r.get("steps_s", {})
+        chain = sum(steps.values()) or r["wall_s"]
+        cores = max(1, round(r["cpu_s"] / r["wall_s"]))  # cores one shard kept busy
+        per_node = min(NODE_CORES // cores, shards_per_node(r["peak_rss_bytes"]))
+        sc = r["scores"]
+        sel = sc.get("datamask") or sc.get("selection")
+        sg = (r.get("reference") or {}).get("stochastic_greedy")
+        f = f"{sel['f']:.4f} / {sc['quality_topk']['f']:.4f} / " + (
+            f"{sg['f']:.4f}" if sg else "not run")
+        knobs = {k: v for k, v in r.get("config", {}).items() if k != "algorithm"}
+        route = f"`{r['route']}`" + (f" ({', '.join(f'{k}={v}' for k, v in knobs.items())})"
+                                     if knobs else "")
+        nodes = "".join(f"| {nodes_needed(c, r['wall_s'], per_node, r['rows']):,} "
+                        for c in corpora)
+        out.append(f"| {r['term']} | {size} | {route} | {steps.get('mask', 0):,.0f} s "
+                   f"| {r['wall_s']:,.0f} s ({chain:,.0f} s in steps) "
+                   f"| {r['cpu_s']:,.0f} s | {_gib(r['peak_rss_bytes'])} GiB | {f} "
+                   f"| {per_node} {nodes}| {r['file']} |")
+    return "\n".join(out)
+
+
 def io_table(path=None, n_target: int = 1_000_000) -> str:
     peaks = io_peaks(path)
     if not peaks:
@@ -438,6 +502,8 @@ def main(argv=None) -> int:
     print(rates_table(load_bench_rates(args.bench), args.n_epochs))
     print("\n## CPU time and memory per shard\n")
     print(cpu_table())
+    print("\n## One 10⁶-row shard through the pipeline, measured\n")
+    print(large_shard_table())
     print("\n## File steps\n")
     print(io_table())
     print("\n## Embedding cost\n")

@@ -146,5 +146,32 @@ def test_sizing_md_shows_what_the_script_prints(sizing):
     assert sizing.shards_table() in doc
     assert sizing.cpu_table() in doc
     assert sizing.io_table() in doc
+    assert sizing.large_shard_table() in doc
     assert sizing.embed_table() in doc
     assert sizing.rates_table(sizing.load_bench_rates()) in doc
+
+
+def test_large_shard_rows_come_from_the_pipeline_runs(sizing, tmp_path):
+    gib = sizing.GIB
+    sc = {"datamask": {"f": 0.8}, "quality_topk": {"f": 0.6}, "random": {"f": 0.5}}
+    (tmp_path / "results_large_shard_a.json").write_text(json.dumps({
+        "tag": "large_shard_a", "rows": 1_000_000, "dim": 768, "threads": 1, "terms": {
+            "DiSF": {"rc": 0, "route": "topk+polish", "config": {"algorithm": "DiSF",
+                                                                 "polish_time_budget_s": 600},
+                     "steps_s": {"features": 40.0, "validate_features": 20.0, "mask": 700.0,
+                                 "selected_subset": 16.0},
+                     "wall_s": 800.0, "cpu_s": 820.0, "peak_rss_bytes": 10 * gib, "scores": sc,
+                     "reference": {"stochastic_greedy": {"f": 0.79, "wall_s": 900.0}}},
+            "Facility": {"rc": 1, "refused": "PreflightError: estimated peak memory 30 GiB",
+                         "wall_s": 70.0, "cpu_s": 70.0, "peak_rss_bytes": 11 * gib}}}))
+    (tmp_path / "results_large_shard_quick.json").write_text(json.dumps({
+        "tag": "large_shard_quick", "rows": 400, "dim": 16, "terms": {"Pair_simi": {}}}))
+    runs = sizing.large_shard_runs(str(tmp_path / "results_large_shard*.json"))
+    assert [r["term"] for r in runs] == ["DiSF", "Facility"]  # the quick run is ignored
+    table = sizing.large_shard_table(runs, corpora=(1e9,))
+    # 12 shards per node (128 GiB / 10 GiB); 1,000 shards x 800 s / 12 / 86,400 s -> 1 node
+    disf = next(line for line in table.splitlines() if line.startswith("| DiSF"))
+    assert "`topk+polish` (polish_time_budget_s=600)" in disf and "| 700 s |" in disf
+    assert "0.8000 / 0.6000 / 0.7900" in disf and "| 12 | 1 |" in disf
+    assert "refused by the pre-flight: PreflightError: estimated peak memory 30 GiB" in table
+    assert "not measured" in sizing.large_shard_table([])
