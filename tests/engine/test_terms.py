@@ -197,3 +197,39 @@ def test_a_broken_entry_point_is_named(tmp_path, monkeypatch, fresh_plugins):
     assert terms.get("DiSF").name == "DiSF"  # built-ins never need the plug-ins
     monkeypatch.undo()
     assert terms.load_plugins(reload=True) == []
+
+
+def test_disf_scratch_buffers_are_reused_and_never_leak_into_results(monkeypatch):
+    from datamask_pipeline.engine.terms import disf as D
+
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 12, 16), torch.randn(8, 12, 16)
+    a0 = a.clone()
+
+    def fresh(xu):  # the same kernel with every buffer newly allocated
+        monkeypatch.setattr(D, "SCRATCH_MAX_BYTES", -1)
+        try:
+            return D.disf_from_points(xu)
+        finally:
+            monkeypatch.undo()
+
+    want_a, want_b = fresh(a), fresh(b)
+    got_a = D.disf_from_points(a)
+    ptr = D._SCRATCH.bufs[("xc", torch.float32)].data_ptr()
+    got_b = D.disf_from_points(b)
+    assert D._SCRATCH.bufs[("xc", torch.float32)].data_ptr() == ptr  # same shape: the buffer was reused
+    torch.testing.assert_close(got_a, want_a)  # the second call did not overwrite the first
+    torch.testing.assert_close(got_b, want_b)
+    assert a.equal(a0)  # the input is untouched
+    # a stack larger than one cache block is scored block by block, with the same result
+    big = torch.randn(3 * D.block_rollouts(12, 16, 4) + 1, 12, 16)
+    torch.testing.assert_close(D.disf_from_points(big),
+                               torch.cat([D._disf_block(v[None], D.DISF_STD_FLOOR, None)
+                                          for v in big]))
+    # the batched objective (gather into scratch) equals scoring each mask alone
+    x, q = torch.randn(50, 16), torch.rand(50)
+    idx = torch.stack([torch.randperm(50)[:12] for _ in range(6)])
+    batch = Batch(x, q)
+    fr = batch.disf_frame(D.DISF_STD_FLOOR)
+    one = torch.stack([D.disf_from_points(fr.x[i][None])[0] for i in idx])
+    torch.testing.assert_close(terms.get("DiSF").batched(batch, idx), one)
