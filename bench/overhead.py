@@ -158,13 +158,22 @@ def measured(cmd: list, env: dict, timeout_s: int = 1800) -> dict:
 
 
 _STEP_DONE = re.compile(r' - (\S+) - STEP_SUCCESS - Finished execution of step "[^"]+" in '
-                        r'([0-9.]+)(ms|s|m)\.')
+                        r'([0-9.hms]+)\.(?:\s|$)')
+_DURATION_PART = re.compile(r"([0-9.]+)(ms|h|m|s)")
+
+
+def _duration_s(text: str) -> float:
+    """Seconds of Dagster's ``format_duration`` text: ``5ms``, ``1.5s``, ``1m41s``, ``1h6m``."""
+    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    parts = _DURATION_PART.findall(text)
+    if not parts or "".join(v + u for v, u in parts) != text:
+        raise ValueError(f"not a Dagster duration: {text!r}")
+    return sum(float(v) * scale[u] for v, u in parts)
 
 
 def step_seconds(log: str) -> dict:
     """Each step's own duration from Dagster's STEP_SUCCESS lines."""
-    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0}
-    return {m.group(1): float(m.group(2)) * scale[m.group(3)] for m in _STEP_DONE.finditer(log)}
+    return {m.group(1): _duration_s(m.group(2)) for m in _STEP_DONE.finditer(log)}
 
 
 def mask_learn_s(workdir: Path) -> float | None:

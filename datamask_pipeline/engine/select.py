@@ -200,17 +200,19 @@ def select_shard(
         logits = np.full(n, -np.inf, dtype=np.float32)
         logits[pool] = initial_logits(qt, "quality").numpy()
         t0 = time.perf_counter()
+        # the pool's rows; without pruning the shard itself (x[pool] would copy n x d)
+        xp, qp = (x, q) if pool.size == n else (x[pool], q[pool])
         if route in ("topk", "topk+polish"):
             start = topk
         elif route == "sgreedy+polish":
-            start = pool[stochastic_greedy(x[pool], q[pool], k, term, cfg.lamb, seed=cfg.seed,
+            start = pool[stochastic_greedy(xp, qp, k, term, cfg.lamb, seed=cfg.seed,
                                            device=dev, mem_budget=mem_budget)]
         elif route == "greedy":
-            start = pool[greedy(x[pool], q[pool], k, term, cfg.lamb, device=dev,
-                                mem_budget=mem_budget)]
+            start = pool[greedy(xp, qp, k, term, cfg.lamb, device=dev, mem_budget=mem_budget)]
         else:  # pragma: no cover - route_for returns only the names above
             raise ValueError(f"unknown route {route!r}")
         timings["start_s"] = time.perf_counter() - t0
+        del xp, qp  # a pruned pool's copy is not held through the polish and the scoring
     start = np.sort(np.asarray(start, dtype=np.int64))
 
     chosen = start

@@ -63,8 +63,14 @@ def test_step_seconds_reads_dagster_step_lines():
     log = ('2026-12-03 20:18:47 +0000 - dagster - DEBUG - __ASSET_JOB - 1a - 8205 - features - '
            'STEP_SUCCESS - Finished execution of step "features" in 297ms.\n'
            '2026-12-03 20:18:47 +0000 - dagster - DEBUG - __ASSET_JOB - 1a - 8205 - mask - '
-           'STEP_SUCCESS - Finished execution of step "mask" in 3.9s.\n')
-    assert overhead.step_seconds(log) == {"features": 0.297, "mask": 3.9}
+           'STEP_SUCCESS - Finished execution of step "mask" in 3.9s.\n'
+           '2026-12-03 20:18:47 +0000 - dagster - DEBUG - __ASSET_JOB - 1a - 8205 - big - '
+           'STEP_SUCCESS - Finished execution of step "big" in 46m12s.\n'
+           '2026-12-03 20:18:47 +0000 - dagster - DEBUG - __ASSET_JOB - 1a - 8205 - huge - '
+           'STEP_SUCCESS - Finished execution of step "huge" in 1h6m.\n')
+    # Dagster's format_duration past a minute: 46m12s, 1h6m (a 10^6-row mask step)
+    assert overhead.step_seconds(log) == {"features": 0.297, "mask": 3.9, "big": 2772.0,
+                                          "huge": 3960.0}
 
 
 def test_verdict_tells_every_rep_from_the_median():
