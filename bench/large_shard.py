@@ -202,6 +202,9 @@ def report(res: dict) -> str:
             f"{sc['quality_topk']['f']:.6f} | {sc['random']['f']:.6f} | {refs or '—'} |")
     lines.append("")
     for term, r in res["terms"].items():
+        for key in ("steps_s_note", "peak_rss_note"):
+            if r.get(key):
+                lines.append(f"- {term}: {r[key]}.")
         if r.get("polish"):
             p = r["polish"]
             lines.append(f"- {term} polish: stop `{p.get('stop')}`, rounds {p.get('rounds')}, "
