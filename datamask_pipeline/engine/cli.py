@@ -37,11 +37,15 @@ def parse_terms(spec: str) -> dict:
     return out
 
 
-def _knob_argument(group, name: str, info, default) -> None:
-    """One flag per knob, derived from LearnerConfig's field (type, choices, description)."""
+def _knob_argument(group, name: str, info, default, shown=None) -> None:
+    """One flag per knob, derived from LearnerConfig's field (type, choices, description).
+    ``shown``: the default the help names (None: none; the flag's own default is SUPPRESS)."""
     ann = info.annotation
     args = typing.get_args(ann)
-    kw: dict = {"default": default, "dest": name, "help": f"{info.description} (default {default})"}
+    # argparse %-formats help texts: a description's own '%' ("40-50%") must be escaped
+    desc = (info.description or "").replace("%", "%%")
+    kw: dict = {"default": default, "dest": name,
+                "help": desc if shown is None else f"{desc} (default {shown})"}
     if typing.get_origin(ann) is typing.Literal:
         kw["choices"] = args
     elif name == "terms":
@@ -52,11 +56,17 @@ def _knob_argument(group, name: str, info, default) -> None:
     group.add_argument(*knob_flags(name), **kw)
 
 
-def add_knob_arguments(group, exclude=()) -> None:
-    """A flag per LearnerConfig knob; a knob not given stays unset (the profile decides)."""
+def add_knob_arguments(group, exclude=(), shown_profile: str | None = None) -> None:
+    """A flag per LearnerConfig knob; a knob not given stays unset (the profile decides).
+    ``shown_profile``: the profile whose values the help names as defaults (None: none)."""
+    shown = profile_defaults(shown_profile) if shown_profile else None
     for name, info in LearnerConfig.model_fields.items():
         if name not in exclude:
-            _knob_argument(group, name, info, argparse.SUPPRESS)
+            label = None
+            if shown is not None:
+                value = "unset" if shown[name] is None else shown[name]
+                label = f"{value}; {shown_profile} profile"
+            _knob_argument(group, name, info, argparse.SUPPRESS, shown=label)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     knobs.add_argument("--profile", default="upstream",
                        help="defaults of every knob: upstream (default) or pipeline; explicit "
                             "flags override it")
-    add_knob_arguments(knobs)
+    add_knob_arguments(knobs, shown_profile="upstream")
     ex = p.add_argument_group("data and run")
     ex.add_argument("--id-column", default="chunk_id")
     ex.add_argument("--quality-column", action="append", default=None,
