@@ -1,0 +1,151 @@
+"""Exchange rounds: a swap search on the corpus's f across shards, coordinated through the
+selection's sufficient statistics (:mod:`engine.corpus.stats`).
+
+Each round, every shard ranks its rows by their linearised gain under the corpus's current
+statistics (one pass over the shard: a mat-vec for pair-wise, a d×d quadratic form for DiSF)
+and sends its best ``candidates`` non-members and its worst members, with their rows. The
+coordinator pairs the best entering rows with the worst leaving ones, in blocks that halve
+until the exact corpus f of the block swap rises, re-ranks with the new gradient and goes
+on until no pair improves. Shards apply the accepted swaps; the next round re-ranks. f rises
+at every accepted block, so the result is never below the start. A round moves rows between
+shards, so the allocation of the budget follows the marginal gains.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .stats import SelectionStats
+
+__all__ = ["ExchangeResult", "exchange_rounds"]
+
+_CHUNK_ROWS = 65536
+
+
+@dataclass
+class ExchangeResult:
+    selected: list  # per shard: bool (n_s,)
+    rounds: list = field(default_factory=list)  # per round: swaps, f, seconds, bytes
+    converged: bool = False
+    f: dict | None = None
+
+
+def _shard_candidates(stats, grad, x, q, sel, m):
+    """(in_rows, out_rows): the m non-members of highest gain and the m members of lowest."""
+    n = x.shape[0]
+    a = np.empty(n, dtype=np.float64)
+    for s in range(0, n, _CHUNK_ROWS):
+        e = min(n, s + _CHUNK_ROWS)
+        a[s:e] = stats.gains(grad, stats.rows(x[s:e]), q[s:e])
+    non = np.flatnonzero(~sel)
+    mem = np.flatnonzero(sel)
+    if non.size > m:
+        non = non[np.argpartition(-a[non], m - 1)[:m]]
+    if mem.size > m:
+        mem = mem[np.argpartition(a[mem], m - 1)[:m]]
+    return non, mem
+
+
+def exchange_rounds(
+    shards: list,
+    selected: list,
+    stats: SelectionStats,
+    k: int,
+    *,
+    candidates: int = 4096,
+    max_rounds: int = 50,
+    time_budget_s: float | None = None,
+    on_round: Callable | None = None,
+) -> ExchangeResult:
+    """Run exchange rounds from ``selected`` (per shard bool masks, k members in all).
+
+    ``shards`` are (x, q) pairs per shard (arrays or memory maps, read one chunk at a time);
+    only the candidates' rows are held at once. Stops when a round accepts no swap
+    (``converged``), after ``max_rounds``, or when ``time_budget_s`` runs out."""
+    t_start = time.perf_counter()
+    sel = [np.asarray(s, dtype=bool).copy() for s in selected]
+    if sum(int(s.sum()) for s in sel) != k:
+        raise ValueError("exchange: the start does not hold k rows")
+    parts = stats.zero()
+    for (x, q), s in zip(shards, sel):
+        idx = np.flatnonzero(s)
+        for c in range(0, idx.size, _CHUNK_ROWS):
+            j = idx[c:c + _CHUNK_ROWS]
+            parts = stats.add(parts, stats.rows(x[j]), q[j])
+    f_now = stats.f(parts, k)["f"]
+    out = ExchangeResult(selected=sel)
+    for r in range(max_rounds):
+        t0 = time.perf_counter()
+        grad = stats.gradient(parts, k)
+        ins, outs = [], []  # (shard, row) of the candidates
+        for si, ((x, q), s) in enumerate(zip(shards, sel)):
+            non, mem = _shard_candidates(stats, grad, x, q, s, candidates)
+            ins += [(si, int(i)) for i in non]
+            outs += [(si, int(i)) for i in mem]
+        if not ins or not outs:
+            out.converged = True
+            break
+
+        def rows_of(cands):
+            xs = np.stack([shards[si][0][i] for si, i in cands]).astype(np.float32)
+            qs = np.array([shards[si][1][i] for si, i in cands], dtype=np.float64)
+            return stats.rows(xs), qs
+
+        xin, qin = rows_of(ins)
+        xout, qout = rows_of(outs)
+        sent = (xin.shape[0] + xout.shape[0]) * (xin.shape[1] * 4 + 8 + 8)
+        alive_in = np.ones(len(ins), dtype=bool)
+        alive_out = np.ones(len(outs), dtype=bool)
+        swaps = []
+        b_prev = None
+        while True:
+            ai = np.flatnonzero(alive_in)
+            ao = np.flatnonzero(alive_out)
+            if ai.size == 0 or ao.size == 0:
+                break
+            gin = stats.gains(grad, xin[ai], qin[ai])
+            gout = stats.gains(grad, xout[ao], qout[ao])
+            oi = ai[np.argsort(-gin, kind="stable")]
+            oo = ao[np.argsort(gout, kind="stable")]
+            diff = np.sort(gin)[::-1][: min(ai.size, ao.size)] - np.sort(gout)[: min(ai.size, ao.size)]
+            P = int(np.count_nonzero(diff > 0))
+            if P == 0:
+                break
+            b = P if b_prev is None else min(P, 2 * b_prev)
+            accepted = False
+            while b >= 1:
+                J, O = oi[:b], oo[:b]
+                trial = stats.add(stats.add(parts, xin[J], qin[J]), xout[O], qout[O], sign=-1.0)
+                f_trial = stats.f(trial, k)["f"]
+                if f_trial > f_now + 1e-13 * max(1.0, abs(f_now)):
+                    parts, f_now = trial, f_trial
+                    alive_in[J] = False
+                    alive_out[O] = False
+                    swaps += [(ins[j], outs[o]) for j, o in zip(J, O)]
+                    accepted = True
+                    break
+                b //= 2
+            if not accepted:
+                break
+            b_prev = b
+            grad = stats.gradient(parts, k)
+        for (si, i), (so, o) in swaps:
+            sel[si][i] = True
+            sel[so][o] = False
+        info = {"round": r + 1, "swaps": len(swaps), "f": f_now,
+                "seconds": time.perf_counter() - t0, "bytes_exchanged": int(sent)}
+        out.rounds.append(info)
+        if on_round is not None:
+            on_round(info)
+        if not swaps:
+            out.converged = True
+            break
+        if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
+            break
+    out.f = stats.f(parts, k)
+    return out

@@ -1,0 +1,466 @@
+"""Selecting for the corpus: one budget and one objective over every shard.
+
+:func:`select_corpus` is the engine's single entry for the corpus stage. Modes:
+
+* ``gather``: one selection over the whole corpus (every shard's rows together) with the
+  shard solver (:func:`engine.select.select_shard`): exact, bounded by one machine's memory.
+* ``exchange``: each shard selected alone with its proportional share of the budget, then
+  exchange rounds (:mod:`engine.corpus.exchange`) on the corpus's f through the selection's
+  sufficient statistics: moves rows between shards until no swap improves. Pair-wise and DiSF.
+* ``per_shard``: each shard alone with its proportional share (the paper's independent
+  blocks, with the corpus budget met exactly).
+* ``random_blocks``: the corpus re-cut into random blocks by a keyed hash of the id (the
+  paper's blocks), each selected alone with its share.
+* ``auto``: ``gather`` while the corpus fits (``gather_max_rows`` and the memory
+  pre-flight), else ``exchange`` for the terms with statistics, else ``per_shard``.
+
+Every mode returns a :class:`CorpusSelection` whose scores are the whole corpus's f.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..config import ConfigError, LearnerConfig
+from .budget import CorpusBudget, allocate, fit_tokens
+from .stats import HAS_STATS, stats_for
+
+__all__ = ["CorpusShard", "CorpusSelection", "MODES", "select_corpus", "block_of",
+           "GATHER_MAX_ROWS"]
+
+MODES = ("auto", "gather", "exchange", "per_shard", "random_blocks")
+GATHER_MAX_ROWS = 1_000_000
+WHOLE = "whole corpus (the shard objective on all rows)"
+
+
+@dataclass
+class CorpusShard:
+    """One shard of the corpus: its key, row count, a loader of its validated features
+    (an engine ``Shard``: ids, quality, embeddings) and, for token budgets, its rows' tokens."""
+
+    key: str
+    n: int
+    load: Callable
+    tokens: np.ndarray | None = None
+
+
+@dataclass
+class CorpusSelection:
+    """What :func:`select_corpus` returns. ``selected[key]`` are the selected row numbers of
+    that shard (sorted); ``scores`` the whole corpus's f, f_qua, f_div of the selection, quality
+    top-k and random (``scored_by`` says how; None when they could not be computed)."""
+
+    mode: str
+    requested_mode: str
+    budget: CorpusBudget
+    term: str
+    lamb: float
+    n: int
+    k: int
+    selected: dict
+    route: str
+    scores: dict | None
+    scored_by: str | None
+    rounds: list = field(default_factory=list)
+    converged: bool | None = None
+    timings: dict = field(default_factory=dict)
+    tokens: dict | None = None
+    notes: list = field(default_factory=list)
+    shard_routes: dict = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict:
+        return {key: int(v.size) for key, v in self.selected.items()}
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "requested_mode": self.requested_mode,
+                "budget": {"kind": self.budget.kind, "value": self.budget.value},
+                "term": self.term, "lamb": self.lamb, "n": self.n, "k": self.k,
+                "selected_rows": int(sum(self.counts.values())), "route": self.route,
+                "scores": self.scores, "scored_by": self.scored_by, "rounds": self.rounds,
+                "converged": self.converged, "timings": self.timings, "tokens": self.tokens,
+                "notes": self.notes, "counts": self.counts, "shard_routes": self.shard_routes}
+
+
+# ------------------------------------------------------------------ helpers
+class _Gathered:
+    """Shards concatenated into one shard-like object (global row numbers as ids)."""
+
+    def __init__(self, parts: list):
+        self.embeddings = np.concatenate([p.embeddings for p in parts]) if len(parts) > 1 \
+            else parts[0].embeddings
+        self.quality = np.concatenate([np.asarray(p.quality, dtype=np.float64) for p in parts])
+        self.ids = np.arange(self.embeddings.shape[0], dtype=np.int64)
+
+
+def _ratio_for(k: int, n: int) -> float:
+    """A select_ratio r with round(r · n) == k exactly."""
+    from ..config import n_select
+
+    r = k / n
+    for nudge in (0.0, 1e-12, -1e-12, 1e-9, -1e-9):
+        if n_select(r + nudge, n) == k:
+            return r + nudge
+    raise AssertionError(f"no ratio gives k={k} of n={n}")  # pragma: no cover
+
+
+def _select_part(shard, k: int, cfg: LearnerConfig, device, mem_budget):
+    """k rows of one part (shard or block): (row numbers, route)."""
+    from ..baselines import quality_topk
+    from ..select import select_shard
+
+    n = int(shard.embeddings.shape[0])
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64), "empty"
+    if k >= n:
+        return np.arange(n, dtype=np.int64), "all"
+    min_k = max(cfg.diversity_term().min_k, 1)
+    if k < min_k or n - k < 1:
+        return np.sort(quality_topk(shard.quality, k, shard.ids)), "topk (k below the term's minimum)"
+    sel = select_shard(shard, cfg.replace(select_ratio=_ratio_for(k, n)), device=device,
+                       mem_budget=mem_budget, references=False)
+    return sel.indices, sel.route
+
+
+def _splitmix64(v: np.ndarray) -> np.ndarray:
+    z = v.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return z
+
+
+def block_of(ids: np.ndarray, n_blocks: int, seed: int = 0) -> np.ndarray:
+    """Each id's random block (0..n_blocks-1) by a keyed hash of the id: the same id lands in
+    the same block whatever file it came in."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iu":
+        key = _splitmix64(np.asarray([seed], dtype=np.uint64))[0]
+        h = _splitmix64(ids.astype(np.int64).view(np.uint64) ^ key)
+    else:
+        k = seed.to_bytes(8, "little", signed=True)
+        h = np.fromiter((int.from_bytes(hashlib.blake2b(str(i).encode(), digest_size=8,
+                                                         key=k).digest(), "little")
+                         for i in ids), dtype=np.uint64, count=len(ids))
+    return (h % np.uint64(n_blocks)).astype(np.int64)
+
+
+def _fits_gather(n: int, d: int, cfg: LearnerConfig, device, gather_max_rows: int):
+    """(fits, why) for one selection over n rows on this machine."""
+    from ..learner import estimate_memory
+    from ..select import route_for
+
+    if n > gather_max_rows:
+        return False, f"{n:,} rows > gather_max_rows={gather_max_rows:,}"
+    route, _ = route_for(cfg, n, device)
+    try:
+        estimate_memory(n, d, cfg.replace(select_ratio=0.5), device,
+                        learning=route in ("paper", "paper+polish"))
+    except ConfigError as exc:
+        return False, str(exc)
+    return True, f"{n:,} rows fit one selection on {device}"
+
+
+def _global_topk(q_all: np.ndarray, k: int) -> np.ndarray:
+    """Global row numbers of the corpus's quality top-k (ties by row number)."""
+    order = np.lexsort((np.arange(q_all.size), -q_all))
+    return np.sort(order[:k])
+
+
+# ------------------------------------------------------------------ scoring
+def _score_sets(shards, loaded, sets: dict, term_name: str, cfg, device, whole: bool) -> tuple:
+    """Whole-corpus scores of several selections (global row numbers)."""
+    from ..evaluate import make_ground_set
+    from ..select import score_selection
+
+    if whole:
+        g = _Gathered([loaded(i) for i in range(len(shards))])
+        ground = make_ground_set(g.embeddings, g.quality, device=device)
+        term = cfg.diversity_term()
+        return ({name: score_selection(ground, idx, term, cfg.lamb).as_dict()
+                 for name, idx in sets.items()}, WHOLE)
+    if term_name not in HAS_STATS:
+        return None, None
+    offsets = np.cumsum([0] + [s.n for s in shards])
+    d = None
+    parts, st = {}, None
+    for i in range(len(shards)):
+        sh = loaded(i)
+        if st is None:
+            d = sh.embeddings.shape[1]
+            st = stats_for(term_name, cfg.lamb, d, ref=sh.embeddings[0])
+            parts = {name: st.zero() for name in sets}
+        for name, idx in sets.items():
+            lo, hi = np.searchsorted(idx, [offsets[i], offsets[i + 1]])
+            rows = idx[lo:hi] - offsets[i]
+            if rows.size:
+                parts[name] = st.add(parts[name], st.rows(sh.embeddings[rows]),
+                                     np.asarray(sh.quality)[rows])
+    return ({name: st.f(parts[name], len(idx)) for name, idx in sets.items()},
+            "sufficient statistics (exact f of the selected rows)")
+
+
+# ------------------------------------------------------------------ entry
+def select_corpus(
+    shards: list,
+    cfg: LearnerConfig,
+    budget: CorpusBudget,
+    *,
+    mode: str = "auto",
+    device: str | torch.device = "cpu",
+    mem_budget: int | None = None,
+    gather_max_rows: int = GATHER_MAX_ROWS,
+    blocks: int | None = None,
+    candidates: int = 4096,
+    max_rounds: int = 50,
+    time_budget_s: float | None = None,
+    on_round: Callable | None = None,
+    workdir: str | None = None,
+    log: Callable = lambda msg: None,
+) -> CorpusSelection:
+    """Select ``budget`` of the corpus made of ``shards`` (:class:`CorpusShard`) for ``cfg``'s
+    objective (λ, terms, solver for the per-shard and gathered solves) and score the result on
+    the whole corpus. Budget errors are raised before any shard is read. Shards are held in
+    memory together only when the corpus fits one selection; otherwise they are read one at a
+    time, and the exchange rounds read them back from float32 copies under ``workdir`` (a
+    temporary directory when unset), removed at the end."""
+    from ..device import resolve_device
+
+    t_start = time.perf_counter()
+    if mode not in MODES:
+        raise ConfigError(f"corpus mode must be one of {MODES}, got {mode!r}")
+    if not shards:
+        raise ConfigError("corpus: no shard to select from")
+    keys = [s.key for s in shards]
+    if len(set(keys)) != len(keys):
+        raise ConfigError("corpus: shard keys repeat")
+    dev = resolve_device(device)
+    n = int(sum(s.n for s in shards))
+    tokens_total = None
+    if budget.kind == "tokens":
+        missing = [s.key for s in shards if s.tokens is None]
+        if missing:
+            raise ConfigError(f"corpus budget: select_tokens needs token counts; shard(s) "
+                              f"{missing[:5]} have none (set token_column, or a text column and "
+                              f"a tokenizer)")
+        tokens_total = int(sum(int(np.sum(s.tokens, dtype=np.int64)) for s in shards))
+    k = budget.rows(n, tokens_total)
+    term_name = cfg.term_label
+    notes: list = []
+
+    cache: dict = {}  # shards held in memory: all of them when the corpus fits, else none
+    qual: dict = {}  # every shard's quality, kept from its first read
+
+    def loaded(i):
+        if i in cache:
+            return cache[i]
+        sh = shards[i].load()
+        if sh.n != shards[i].n:
+            raise ConfigError(f"shard {shards[i].key}: {sh.n} rows read, {shards[i].n} expected")
+        qual[i] = np.asarray(sh.quality, dtype=np.float64)
+        if keep:
+            cache[i] = sh
+        return sh
+
+    keep = True
+    d = loaded(0).d
+    fits, why = _fits_gather(n, d, cfg, dev, gather_max_rows)
+    keep = fits
+    if not keep:
+        cache.clear()
+    chosen = mode
+    if mode == "auto":
+        if fits:
+            chosen = "gather"
+        elif term_name in HAS_STATS:
+            chosen = "exchange"
+        else:
+            chosen = "per_shard"
+            notes.append(f"{term_name} has no corpus statistics and the corpus does not fit one "
+                         f"selection ({why}): each shard selected alone with its share")
+        notes.append(f"auto: {chosen} ({why})")
+    if chosen == "exchange" and term_name not in HAS_STATS:
+        raise ConfigError(f"corpus mode 'exchange' needs a term with sufficient statistics "
+                          f"({', '.join(HAS_STATS)}); {term_name} has none: use gather or per_shard")
+    log(f"corpus: {n:,} rows in {len(shards)} shard(s), budget {budget.label} -> k={k:,}; "
+        f"mode {chosen}")
+
+    offsets = np.cumsum([0] + [s.n for s in shards])
+    rounds, converged, route = [], None, ""
+    shard_routes: dict = {}
+    t0 = time.perf_counter()
+    if chosen == "gather":
+        g = _Gathered([loaded(i) for i in range(len(shards))])
+        sel = _select_gathered(g, k, cfg, dev, mem_budget)
+        route = sel.route
+        glob = sel.indices
+        priority = -sel.rank.astype(np.float64)
+        scores = {name: sc.as_dict() for name, sc in sel.scores.items()
+                  if name in ("selection", "quality_topk", "random")}
+        scored_by = WHOLE
+        notes += sel.notes
+        if sel.guard:
+            notes.append(sel.guard)
+    else:
+        if chosen == "random_blocks":
+            glob, route, shard_routes = _random_blocks(shards, loaded, k, cfg, dev, mem_budget,
+                                                       blocks or len(shards), log)
+            priority = None
+        else:
+            alloc = allocate([s.n for s in shards], k)
+            per = []
+            for i, s in enumerate(shards):
+                rows, r = _select_part(loaded(i), int(alloc[i]), cfg, dev, mem_budget)
+                per.append(rows)
+                shard_routes[s.key] = r
+                log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r})")
+            route = ", ".join(sorted(set(shard_routes.values())))
+            if chosen == "exchange":
+                glob, priority, rounds, converged = _exchange(
+                    shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
+                    log, spill=not keep, workdir=workdir)
+                route = f"exchange rounds from per-shard {route}"
+            else:
+                glob = np.concatenate([r + offsets[i] for i, r in enumerate(per)])
+                priority = None
+        scores, scored_by = None, None
+    timings = {"select_s": time.perf_counter() - t0}
+
+    tokens_info = None
+    if budget.kind == "tokens":
+        tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in shards])
+        selected_mask = np.zeros(n, dtype=bool)
+        selected_mask[glob] = True
+        if priority is None:  # by quality: the rows a shard solver would drop / add last
+            for i in range(len(shards)):
+                if i not in qual:
+                    loaded(i)
+            priority = np.concatenate([qual[i] for i in range(len(shards))])
+        selected_mask = fit_tokens(selected_mask, priority, tok, int(budget.value))
+        glob = np.flatnonzero(selected_mask)
+        tokens_info = {"target": int(budget.value), "selected": int(tok[glob].sum()),
+                       "corpus": tokens_total,
+                       "largest_document": int(tok.max())}
+        k = int(glob.size)
+        scores = None  # the size changed: score again below
+    glob = np.sort(np.asarray(glob, dtype=np.int64))
+    if np.unique(glob).size != glob.size:  # pragma: no cover - every mode selects each row once
+        raise AssertionError("a row was selected twice")
+
+    if scores is None:
+        t1 = time.perf_counter()
+        for i in range(len(shards)):
+            if i not in qual:
+                loaded(i)
+        q_all = np.concatenate([qual[i] for i in range(len(shards))])
+        rng = np.random.default_rng(cfg.seed)
+        sets = {"selection": glob, "quality_topk": _global_topk(q_all, k),
+                "random": np.sort(rng.choice(n, size=k, replace=False))}
+        scores, scored_by = _score_sets(shards, loaded, sets, term_name, cfg, dev, whole=fits)
+        timings["score_s"] = time.perf_counter() - t1
+        if scores is None:
+            notes.append(f"whole-corpus f not computed: {term_name} needs every row at once and "
+                         f"the corpus does not fit ({why})")
+    selected = {}
+    for i, s in enumerate(shards):
+        lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
+        selected[s.key] = glob[lo:hi] - offsets[i]
+    timings["total_s"] = time.perf_counter() - t_start
+    return CorpusSelection(
+        mode=chosen, requested_mode=mode, budget=budget, term=term_name, lamb=cfg.lamb, n=n,
+        k=int(glob.size), selected=selected, route=route, scores=scores, scored_by=scored_by,
+        rounds=rounds, converged=converged, timings=timings, tokens=tokens_info, notes=notes,
+        shard_routes=shard_routes)
+
+
+def _select_gathered(g: _Gathered, k: int, cfg, dev, mem_budget):
+    from ..select import select_shard
+
+    return select_shard(g, cfg.replace(select_ratio=_ratio_for(k, g.embeddings.shape[0])),
+                        device=dev, mem_budget=mem_budget)
+
+
+def _random_blocks(shards, loaded, k, cfg, dev, mem_budget, n_blocks, log):
+    """The corpus re-cut into ``n_blocks`` random blocks by a keyed hash of the id, each
+    selected alone with its proportional share."""
+    offsets = np.cumsum([0] + [s.n for s in shards])
+    block = np.concatenate([block_of(loaded(i).ids, n_blocks, cfg.seed) for i in range(len(shards))])
+    sizes = np.bincount(block, minlength=n_blocks)
+    alloc = allocate(sizes, k)
+    g = _Gathered([loaded(i) for i in range(len(shards))])
+    picked, routes = [], {}
+    for b in range(n_blocks):
+        rows = np.flatnonzero(block == b)
+        if rows.size == 0:
+            continue
+        part = _Part(g.embeddings[rows], g.quality[rows], g.ids[rows])
+        sel, r = _select_part(part, int(alloc[b]), cfg, dev, mem_budget)
+        picked.append(rows[sel])
+        routes[f"block_{b:03d}"] = r
+        log(f"corpus: random block {b}: {sel.size:,} of {rows.size:,} rows ({r})")
+    del offsets
+    return (np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64),
+            ", ".join(sorted(set(routes.values()))), routes)
+
+
+@dataclass
+class _Part:
+    embeddings: np.ndarray
+    quality: np.ndarray
+    ids: np.ndarray
+
+    @property
+    def n(self):
+        return int(self.embeddings.shape[0])
+
+
+def _exchange(shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
+              log, *, spill: bool, workdir: str | None):
+    import shutil
+    import tempfile
+
+    from .exchange import exchange_rounds
+
+    tmp = None
+    data, sel, st = [], [], None
+    try:
+        for i, s in enumerate(shards):
+            sh = loaded(i)
+            if st is None:
+                st = stats_for(cfg.term_label, cfg.lamb, sh.d, ref=sh.embeddings[0])
+            x = sh.embeddings
+            if spill:  # one shard in memory at a time: the rounds read float32 copies on disk
+                if tmp is None:
+                    tmp = tempfile.mkdtemp(prefix="corpus-", dir=workdir)
+                path = f"{tmp}/{i}.npy"
+                np.save(path, np.ascontiguousarray(x, dtype=np.float32))
+                x = np.load(path, mmap_mode="r")
+            data.append((x, np.asarray(sh.quality, dtype=np.float64)))
+            del sh
+            m = np.zeros(s.n, dtype=bool)
+            m[per[i]] = True
+            sel.append(m)
+
+        def report(info):
+            log(f"corpus: exchange round {info['round']}: {info['swaps']:,} swaps, "
+                f"f={info['f']:.8g} ({info['seconds']:.1f}s)")
+            if on_round is not None:
+                on_round(info)
+
+        res = exchange_rounds(data, sel, st, k, candidates=candidates, max_rounds=max_rounds,
+                              time_budget_s=time_budget_s, on_round=report)
+    finally:
+        data.clear()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    offsets = np.cumsum([0] + [s.n for s in shards])
+    glob = np.concatenate([np.flatnonzero(m) + offsets[i] for i, m in enumerate(res.selected)])
+    return glob, None, res.rounds, res.converged
