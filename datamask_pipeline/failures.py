@@ -1,6 +1,12 @@
 """Failed shards, reported: a run-failure sensor that names the partition and the reason (the
 failed step's own error) in its log, as the ``datamask/failure`` tag on the failed run, and,
 when ``DATAMASK_FAILURE_WEBHOOK`` is set, as a JSON POST to that URL.
+
+A failed run that Dagster is about to retry (the instance's ``run_retries``; Dagster tags it
+``dagster/will_retry=true`` when it fails) is not reported: only the last attempt is, when it
+fails too. Dagster's ready-made run-failure sensors (``make_email_on_run_failure_sensor``,
+dagster-slack's ``make_slack_on_run_failure_sensor``, dagster-msteams') report every failed run,
+retried ones included, and add one dependency per channel; one generic webhook needs neither.
 """
 
 import json
@@ -12,6 +18,7 @@ import dagster as dg
 from datamask_pipeline import settings
 
 FAILURE_TAG = "datamask/failure"
+WILL_RETRY_TAG = "dagster/will_retry"  # set by Dagster on a failed run when run retries are on
 REASON_CHARS = 500  # the tag keeps the head of long errors; the run log has the whole one
 
 
@@ -34,16 +41,28 @@ def post_webhook(url: str, payload: dict, timeout_s: float = 10.0) -> None:
         resp.read()
 
 
+def will_be_retried(instance: dg.DagsterInstance, run: dg.DagsterRun) -> bool:
+    """Whether Dagster's run retries will re-execute this failed run (its ``dagster/will_retry``
+    tag, read from the instance: the tag is added after the failure is stored)."""
+    current = instance.get_run_by_id(run.run_id) or run
+    return str(current.tags.get(WILL_RETRY_TAG, "")).strip().lower() == "true"
+
+
 @dg.run_failure_sensor(
     name="shard_failure_sensor",
     default_status=dg.DefaultSensorStatus.RUNNING,
-    description="Reports every failed run: the shard (partition) and the failed step's error, "
+    description="Reports every failed run that will not be retried (no dagster/will_retry=true "
+    "tag): the shard (partition) and the failed step's error, "
     f"in the sensor's log, as the '{FAILURE_TAG}' tag on the run, and to the webhook "
     f"{settings.ENV_FAILURE_WEBHOOK} when set.",
 )
 def shard_failure_sensor(context: dg.RunFailureSensorContext):
     run = context.dagster_run
     shard = run.tags.get("dagster/partition") or "(no partition)"
+    if will_be_retried(context.instance, run):
+        context.log.info(f"shard {shard}: run {run.run_id} ({run.job_name}) failed and will be "
+                         "retried (run_retries): reported only if the retry fails too")
+        return
     reason = failure_reason(context)
     context.log.error(f"shard {shard}: run {run.run_id} ({run.job_name}) failed: {reason}")
     context.instance.add_run_tags(run.run_id, {FAILURE_TAG: reason[:REASON_CHARS]})
