@@ -10,6 +10,7 @@ import duckdb
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 
 from assets.learn import MaskConfig
 from assets.validate import CHECKS
@@ -78,7 +79,14 @@ def test_chain_per_partition(registered, run_chain, data_root, resources):
         else:  # auto: the bench's choice, never below quality top-k on the whole shard
             assert cfg.solver == "auto" and mmeta["solver"].value == "auto"
             assert mmeta["route"].value in ("paper+polish", "topk+polish", "sgreedy+polish")
-            assert mmeta["f_datamask"].value >= mmeta["f_quality_topk"].value
+            # the route's own selection (the guard returns quality top-k when it is not above
+            # it, which would make a ">=" hold whatever the route did), strictly above top-k,
+            # and the polish it ran recorded with that f
+            assert not mmeta["guard"].value
+            assert mmeta["f_datamask"].value > mmeta["f_quality_topk"].value + 1e-4
+            pol = mmeta["polish"].value
+            assert pol["swaps"] > 0 and pol["k"] == K
+            assert pol["f_end"] == pytest.approx(mmeta["f_datamask"].value, rel=1e-5)
         for name in ("datamask", "quality_topk", "random"):
             for prefix in ("f_", "f_qua_", "f_div_"):
                 assert math.isfinite(mmeta[f"{prefix}{name}"].value)
