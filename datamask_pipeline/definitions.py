@@ -8,6 +8,7 @@ not imported here; the mask step imports it when it runs.
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
+from assets.corpus import corpus_selection, corpus_subset
 from assets.ingest import features, raw_shard
 from assets.learn import mask
 from assets.report import corpus_summary
@@ -20,7 +21,8 @@ from resources.storage import DataRoot
 
 from .automation import automate, automation_sensor
 from .failures import shard_failure_sensor
-from .jobs import corpus_summary_job, datamask_cpu_demo_job, datamask_job, datamask_upstream_job
+from .jobs import (corpus_job, corpus_summary_job, datamask_cpu_demo_job, datamask_job,
+                   datamask_upstream_job, features_job)
 from .sensors import raw_shard_sensor
 
 
@@ -51,12 +53,18 @@ def _executor():
     return dg.in_process_executor
 
 
-ASSETS = automate([raw_shard, features, mask, shard_report, selected_subset, corpus_summary])
+# The corpus selection is launched by hand or by corpus_job's schedule, never by a new file
+# alone (a re-selection touches every shard's share); corpus_subset follows it eagerly.
+ASSETS = automate([raw_shard, features, mask, shard_report, selected_subset, corpus_summary]) + [
+    corpus_selection,
+    corpus_subset.with_attributes(automation_condition=dg.AutomationCondition.eager()),
+]
 
 defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=[validate_features],
-    jobs=[datamask_job, datamask_upstream_job, datamask_cpu_demo_job, corpus_summary_job],
+    jobs=[datamask_job, datamask_upstream_job, datamask_cpu_demo_job, corpus_summary_job,
+          features_job, corpus_job],
     sensors=[raw_shard_sensor, shard_failure_sensor,
              automation_sensor(dg.AssetSelection.all() - dg.AssetSelection.assets(raw_shard.key))],
     resources=resources_from_env(),

@@ -1,6 +1,11 @@
-"""End-to-end demo: sample corpus -> partitions -> every shard through Dagster -> catalog.
+"""End-to-end demo: raw shards -> partitions -> features and checks per shard -> the corpus
+selection (one budget, one objective over every shard) -> selected/<shard>.parquet.
 
-    python -m datamask_pipeline.demo [--shards 4] [--rows 5000] [--dim 768] [--preset pipeline]
+    python -m datamask_pipeline.demo [--data-root DIR] [--algorithm DiSF] [--lamb 0.5]
+        [--select-ratio 0.1 | --select-rows N | --select-tokens N] [--mode auto]
+
+With ``--per-shard-chain`` it runs the per-shard chain instead (each shard alone with
+``select_ratio``: features -> checks -> mask -> selected_per_shard/, then the catalog).
 
 1. Generates the sample corpus (``engine.sample.generate_corpus``: topic clusters of different
    tightness, quality correlated with the cluster, ids, text, source) into the raw location,
@@ -43,8 +48,43 @@ def _parser() -> argparse.ArgumentParser:
                    "per-step tensors gain little from more, and lose a lot when the machine is "
                    "busy; 0 = torch's default)")
     p.add_argument("--data-root", default=None,
-                   help="data root (default env DATAMASK_DATA_ROOT, else <repo>/data)")
+                   help="data root (default env DATAMASK_DATA_ROOT, else <repo>/data); its raw/ "
+                        "folder, or the root itself when it holds *.parquet files, are the shards")
+    p.add_argument("--algorithm", default=None,
+                   help="diversity term: DiSF, Facility, Pair_simi (default: the preset's, DiSF)")
+    p.add_argument("--lamb", type=float, default=None, help="λ in [0, 1] (default 0.5)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--select-ratio", type=float, default=None,
+                        help="corpus budget: fraction of the corpus's rows (default 0.1)")
+    budget.add_argument("--select-rows", type=int, default=None,
+                        help="corpus budget: number of rows")
+    budget.add_argument("--select-tokens", type=int, default=None,
+                        help="corpus budget: number of tokens (met within one document)")
+    p.add_argument("--token-column", default=None,
+                   help="raw column with each row's token count (else words of the text column)")
+    p.add_argument("--mode", default="auto",
+                   choices=("auto", "gather", "exchange", "per_shard", "random_blocks"),
+                   help="corpus mode (default auto: one selection over the whole corpus while "
+                        "it fits, exchange rounds beyond; per_shard and random_blocks are the "
+                        "paper's independent blocks)")
+    p.add_argument("--per-shard-chain", action="store_true",
+                   help="run the per-shard chain instead of the corpus stage (each shard alone, "
+                        "its own select_ratio; outputs under selected_per_shard/)")
     return p
+
+
+def _raw_location(args) -> None:
+    """A data root that holds parquet files itself (and no raw/ folder with any) is the raw
+    location: the outputs go to folders beside the files."""
+    from datamask_pipeline.engine import storage
+
+    root = settings.data_root()
+    if settings.is_set(settings.ENV_RAW_ROOT) or not storage.exists(root):
+        return
+    raw = storage.join(root, "raw")
+    has_raw = storage.exists(raw) and bool(storage.list_files(raw))
+    if not has_raw and storage.list_files(root):
+        os.environ[settings.ENV_RAW_ROOT] = root
 
 
 def _failure_reason(result) -> str:
@@ -72,6 +112,7 @@ def main(argv=None) -> int:
     os.environ[settings.ENV_DEVICE] = args.device
     os.environ[settings.ENV_CPU_THREADS] = str(args.cpu_threads)
     home = settings.ensure_dagster_home()
+    _raw_location(args)
 
     from datamask_pipeline.engine import storage
     from datamask_pipeline.engine.sample import generate_corpus
@@ -105,6 +146,8 @@ def main(argv=None) -> int:
           f"preset {args.preset} ({job.name}), device {args.device}")
 
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # no DEBUG event lines
+    if not args.per_shard_chain:
+        return _corpus(args, defs, instance, keys, quiet, root, home)
     # a run config given at launch replaces the job's own: keep the preset's knobs in it
     chain_config = {**preset_run_config(args.preset), **quiet}
     failed, times = {}, {}
@@ -132,6 +175,91 @@ def main(argv=None) -> int:
         return 1
     print("\nOpen the UI on the same instance:  DAGSTER_HOME=" + home +
           " .venv/bin/dagster dev -w workspace.yaml")
+    return 0
+
+
+def _budget_label(b: dict) -> str:
+    from datamask_pipeline.engine.corpus import CorpusBudget
+
+    return CorpusBudget(b["kind"], b["value"]).label
+
+
+def corpus_knobs(args) -> dict:
+    """The corpus_selection config of the demo's flags (the preset's knobs, then the flags)."""
+    knobs = dict(settings.learner_defaults(args.preset))
+    for flag, knob in (("algorithm", "algorithm"), ("lamb", "lamb"),
+                       ("select_ratio", "select_ratio"), ("select_rows", "select_rows"),
+                       ("select_tokens", "select_tokens"), ("token_column", "token_column")):
+        v = getattr(args, flag)
+        if v is not None:
+            knobs[knob] = v
+    knobs["mode"] = args.mode
+    return knobs
+
+
+def _corpus(args, defs, instance, keys, quiet, root, home) -> int:
+    """Features and checks for every shard, then the corpus selection and its subsets."""
+    import json
+
+    from datamask_pipeline.engine import storage
+    from datamask_pipeline.jobs import corpus_run_config
+    from resources.storage import DataRoot
+
+    features_job = defs.resolve_job_def("features_job")
+    failed, t_all = {}, time.perf_counter()
+    for i, key in enumerate(keys, 1):
+        t = time.perf_counter()
+        result = features_job.execute_in_process(partition_key=key, instance=instance,
+                                                 run_config=quiet, raise_on_error=False)
+        checks_ok = all(ev.passed for ev in result.get_asset_check_evaluations())
+        if result.success and checks_ok:
+            print(f"[{i}/{len(keys)}] {key}: features and checks done in "
+                  f"{time.perf_counter() - t:.1f}s", flush=True)
+        else:
+            failed[key] = _failure_reason(result)
+            print(f"[{i}/{len(keys)}] {key}: FAILED, left out of the corpus\n    {failed[key]}",
+                  flush=True)
+    knobs = corpus_knobs(args)
+    print(f"corpus selection: {json.dumps({k: knobs[k] for k in knobs if k in ('algorithm', 'lamb', 'select_ratio', 'select_rows', 'select_tokens', 'mode')})}",
+          flush=True)
+    t = time.perf_counter()
+    result = defs.resolve_job_def("corpus_job").execute_in_process(
+        instance=instance, run_config={**corpus_run_config(**knobs), **quiet},
+        raise_on_error=False)
+    if not result.success:
+        print(f"corpus selection FAILED: {_failure_reason(result)}", file=sys.stderr)
+        return 1
+    data_root = DataRoot(root=root)
+    fs, path = storage.resolve(storage.join(data_root.corpus_dir(), "selection.json"))
+    with fs.open_input_file(path) as fh:
+        summary = json.loads(fh.read())
+    print(f"\ncorpus selection done in {time.perf_counter() - t:.1f}s "
+          f"(whole demo {time.perf_counter() - t_all:.1f}s)")
+    print(f"mode {summary['mode']} ({summary['route']}); budget {_budget_label(summary['budget'])}; "
+          f"{summary['selected_rows']:,} of {summary['n']:,} rows selected")
+    if summary.get("tokens"):
+        print(f"tokens: {summary['tokens']['selected']:,} selected for a target of "
+              f"{summary['tokens']['target']:,}")
+    if summary.get("scores"):
+        print(f"whole-corpus f (λ={summary['lamb']:g}, {summary['term']}), {summary['scored_by']}:")
+        for name, sc in summary["scores"].items():
+            label = f"corpus {summary['mode']}" if name == "selection" else name
+            print(f"  {label:<22} f={sc['f']:.6f}  f_qua={sc['f_qua']:.6f}  f_div={sc['f_div']:.6f}")
+    print(f"\n{'shard':<16} {'rows':>9} {'selected':>9} {'share':>7}")
+    for key in sorted(summary["sizes"]):
+        c = summary["counts"].get(key, 0)
+        print(f"{key:<16} {summary['sizes'][key]:>9,} {c:>9,} {c / max(1, summary['selected_rows']):>7.1%}")
+    for key, why in sorted(summary.get("excluded", {}).items()):
+        print(f"{key:<16} left out: {why}")
+    print(f"\nSelected rows: {data_root.corpus_selected_root}/<shard>.parquet")
+    print(f"Lineage (shard, raw file, row, id of every selected row): "
+          f"{storage.join(data_root.corpus_dir(), 'selection.parquet')}")
+    print("Open the UI on the same instance:  DAGSTER_HOME=" + home +
+          " .venv/bin/dagster dev -w workspace.yaml")
+    if failed:
+        print(f"\n{len(failed)} shard(s) failed their checks and were left out: "
+              f"{', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

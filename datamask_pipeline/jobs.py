@@ -19,6 +19,7 @@ import warnings
 
 import dagster as dg
 
+from assets.corpus import corpus_selection, corpus_subset
 from assets.ingest import features
 from assets.learn import mask
 from assets.report import corpus_summary
@@ -89,6 +90,27 @@ corpus_summary_job = dg.define_asset_job(
     selection=dg.AssetSelection.assets(corpus_summary),
     description="Rebuild the corpus catalog (catalog.duckdb) over all selected shards.",
 )
+
+
+features_job = dg.define_asset_job(
+    "features_job",
+    selection=dg.AssetSelection.assets(features),
+    description="One shard's ingestion and its blocking DuckDB checks (what the corpus "
+    "selection reads). Partitioned by shard.",
+)
+
+corpus_job = dg.define_asset_job(
+    "corpus_job",
+    selection=dg.AssetSelection.assets(corpus_selection, corpus_subset),
+    description="The corpus selection over every shard that passed its checks (one budget, one "
+    "objective), then each shard's selected rows under selected/ (only changed shards are "
+    "rewritten).",
+)
+
+
+def corpus_run_config(**knobs) -> dict:
+    """The run config of ``corpus_job`` with the given corpus knobs (CorpusConfig fields)."""
+    return {"ops": {"corpus_selection": {"config": knobs}}}
 
 
 if __name__ == "__main__":  # python -m datamask_pipeline.jobs PRESET: the preset's run config

@@ -5,7 +5,9 @@ Layout under the data root (a local path or a URI such as ``s3://bucket/datamask
     raw/<key>.parquet              raw shards (another location via ``raw``)
     features/<key>.parquet         canonical id / quality / embedding (ingestion)
     masks/<key>.parquet            per-sample id / logit / rank / selected (mask learning)
-    selected/<key>.parquet         the selected raw rows, every raw column (selected subset)
+    corpus/selection.parquet       the corpus selection: every selected row's shard, raw file, row, id
+    selected/<key>.parquet         the corpus selection's raw rows of each shard, every raw column
+    selected_per_shard/<key>.parquet  the per-shard chain's subset (selected_subset)
     reports/<key>/                 the shard report (HTML + PNG + metrics JSON)
     checkpoints/<key>.pt           the learner's checkpoint while a run is in flight
     catalog.duckdb                 the corpus catalog (corpus summary)
@@ -72,12 +74,27 @@ class DataRoot(dg.ConfigurableResource):
         return self._child("masks", f"{self._key(key)}.parquet")
 
     def selected(self, key: str) -> str:
-        return self._child("selected", f"{self._key(key)}.parquet")
+        """The per-shard chain's subset (``selected_per_shard/<key>.parquet``: the paper's
+        independent blocks, one setting away from the corpus selection)."""
+        return self._child("selected_per_shard", f"{self._key(key)}.parquet")
 
     @property
     def selected_root(self) -> str:
-        """Where the selected subsets live (``selected/<key>.parquet``)."""
+        """Where the per-shard chain's subsets live (``selected_per_shard/<key>.parquet``)."""
+        return self._child("selected_per_shard")
+
+    def corpus_selected(self, key: str) -> str:
+        """The corpus selection's rows of one shard (``selected/<key>.parquet``)."""
+        return self._child("selected", f"{self._key(key)}.parquet")
+
+    @property
+    def corpus_selected_root(self) -> str:
         return self._child("selected")
+
+    def corpus_dir(self) -> str:
+        """The corpus stage's state: ``corpus/selection.parquet`` (every selected row: shard,
+        raw file, row, id), ``corpus/selection.json``, ``corpus/subsets.json``, the report."""
+        return self._child("corpus")
 
     def report_dir(self, key: str) -> str:
         return self._child("reports", self._key(key))

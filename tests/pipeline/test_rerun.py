@@ -32,7 +32,7 @@ def test_rerun_with_new_config_replaces_only_that_partition(registered, run_chai
     # partition a: every file byte-identical; partition b: features identical (same raw),
     # the learned outputs replaced
     assert not [p for p in changed if a in p]
-    assert f"masks/{b}.parquet" in changed and f"selected/{b}.parquet" in changed
+    assert f"masks/{b}.parquet" in changed and f"selected_per_shard/{b}.parquet" in changed
     assert f"features/{b}.parquet" not in changed and f"raw/{b}.parquet" not in changed
     assert all(b in p for p in changed), changed
     meta = _latest_mask_meta(instance, b)

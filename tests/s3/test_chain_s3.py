@@ -127,7 +127,7 @@ def test_whole_chain_in_s3_then_rerun_one_partition(s3_root, s3fs, bucket, insta
     keys = set(objects)
     for key in KEYS:
         for k in (f"raw/{key}.parquet", f"features/{key}.parquet", f"masks/{key}.parquet",
-                  f"selected/{key}.parquet", f"reports/{key}/report.html",
+                  f"selected_per_shard/{key}.parquet", f"reports/{key}/report.html",
                   f"reports/{key}/report.md", f"reports/{key}/report_metrics.json",
                   *(f"reports/{key}/report_{f}.png" for f in FIGURES)):
             assert f"root/{k}" in keys, k
@@ -155,7 +155,7 @@ def test_whole_chain_in_s3_then_rerun_one_partition(s3_root, s3fs, bucket, insta
         sel_ids = m.column("id").filter(m.column("selected"))
         assert len(sel_ids) == K
         expected = raw.filter(pc.is_in(raw.column("chunk_id"), value_set=sel_ids))
-        got = _parquet(s3fs, bucket, f"root/selected/{key}.parquet")
+        got = _parquet(s3fs, bucket, f"root/selected_per_shard/{key}.parquet")
         assert got.schema == raw.schema and got.equals(expected)
         feats = _parquet(s3fs, bucket, f"root/features/{key}.parquet")
         assert feats.column("id").to_pylist() == raw.column("chunk_id").to_pylist()
@@ -166,7 +166,7 @@ def test_whole_chain_in_s3_then_rerun_one_partition(s3_root, s3fs, bucket, insta
     with duckdb.connect(str(local_catalog), read_only=True) as con:
         rows = con.execute("SELECT partition_key, rows_raw, rows_selected, selected_uri, report_uri "
                            "FROM shards ORDER BY 1").fetchall()
-        assert rows == [(k, ROWS, K, f"{s3_root}/selected/{k}.parquet",
+        assert rows == [(k, ROWS, K, f"{s3_root}/selected_per_shard/{k}.parquet",
                          f"{s3_root}/reports/{k}/report.html") for k in KEYS]
         assert con.execute("SELECT data_root FROM catalog_info").fetchall() == [(s3_root,)]
     local_catalog.unlink()
@@ -180,7 +180,7 @@ def test_whole_chain_in_s3_then_rerun_one_partition(s3_root, s3fs, bucket, insta
     assert set(after) == set(before)  # no temp object, no checkpoint, nothing removed
     changed = sorted(k for k in before if after[k] != before[k])
     assert all(f"/{b}" in k for k in changed), changed  # partition a, catalog, corpus report
-    for k in (f"masks/{b}.parquet", f"selected/{b}.parquet", f"reports/{b}/report.html"):
+    for k in (f"masks/{b}.parquet", f"selected_per_shard/{b}.parquet", f"reports/{b}/report.html"):
         assert after[f"root/{k}"][2] != before[f"root/{k}"][2], k  # new bytes
     assert after[f"root/features/{b}.parquet"][2] == before[f"root/features/{b}.parquet"][2]
     assert after[f"root/raw/{b}.parquet"] == before[f"root/raw/{b}.parquet"]
@@ -188,5 +188,5 @@ def test_whole_chain_in_s3_then_rerun_one_partition(s3_root, s3fs, bucket, insta
     raw = _parquet(s3fs, bucket, f"root/raw/{b}.parquet")
     expected = raw.filter(pc.is_in(raw.column("chunk_id"),
                                    value_set=m.column("id").filter(m.column("selected"))))
-    assert _parquet(s3fs, bucket, f"root/selected/{b}.parquet").equals(expected)
+    assert _parquet(s3fs, bucket, f"root/selected_per_shard/{b}.parquet").equals(expected)
     assert list(cwd.iterdir()) == [] and list(scratch.iterdir()) == []

@@ -1,0 +1,356 @@
+"""The corpus stage: one budget and one objective over every shard (``engine.corpus``).
+
+``corpus_selection`` reads the features of every registered shard whose blocking checks
+passed, selects the corpus budget with ``select_corpus`` and publishes
+``corpus/selection.parquet`` (one row per selected row: shard, raw file, row number, id) and
+``corpus/selection.json`` (the run's facts). ``corpus_subset`` writes each shard's selected raw
+rows to ``selected/<key>.parquet``, rewriting only the shards whose selection changed, and
+removes the files of shards that left the corpus.
+"""
+
+
+import hashlib
+import json
+from typing import Optional
+
+import dagster as dg
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pydantic import Field, create_model
+
+from datamask_pipeline.engine import storage
+from datamask_pipeline.engine.config import ConfigError
+from datamask_pipeline.engine.data import DataContractError
+from resources.contract import DataContract
+from resources.learner import MaskLearner
+from resources.storage import DataRoot
+
+from .ingest import ID, OWNERS, features, raw_shard, stage
+from .learn import MaskConfig, read_features
+from .partitions import PARTITIONS_NAME
+
+GROUP = "corpus"
+CODE_VERSION = "corpus-1"
+TOKENIZERS = ("whitespace",)
+
+
+CorpusConfig = create_model(
+    "CorpusConfig", __base__=MaskConfig,
+    __doc__="The corpus budget and mode, and the method's knobs (select_ratio is the corpus's).",
+    mode=(str, Field(default="auto", description=(
+        "auto: one selection over the whole corpus while it fits (gather_max_rows and memory), "
+        "else exchange rounds (Pair_simi, DiSF), else per_shard; gather; exchange; per_shard: "
+        "each shard alone with its proportional share; random_blocks: the corpus re-cut into "
+        "random blocks by a keyed hash of the id (the paper's blocks)."))),
+    select_rows=(Optional[int], Field(default=None, description=(
+        "Corpus budget as a number of rows (instead of select_ratio)."))),
+    select_tokens=(Optional[int], Field(default=None, description=(
+        "Corpus budget as a number of tokens (instead of select_ratio): met within one "
+        "document. Token counts come from token_column, else from the text column with "
+        "the tokenizer."))),
+    token_column=(Optional[str], Field(default=None, description=(
+        "Raw column holding each row's token count (for select_tokens)."))),
+    tokenizer=(str, Field(default="whitespace", description=(
+        "How tokens are counted from the text when there is no token_column: whitespace "
+        "(words separated by whitespace)."))),
+    blocks=(Optional[int], Field(default=None, description=(
+        "random_blocks: number of blocks (default: as many as shards)."))),
+    gather_max_rows=(int, Field(default=1_000_000, description=(
+        "auto: the largest corpus selected in one piece (above it: exchange rounds)."))),
+    exchange_candidates=(int, Field(default=4096, description=(
+        "exchange: candidates per shard and round (each way)."))),
+    exchange_max_rounds=(int, Field(default=50, description="exchange: most rounds.")),
+)
+
+
+def _budget(config):
+    from datamask_pipeline.engine.corpus import CorpusBudget
+
+    return CorpusBudget.of(config.select_ratio, config.select_rows, config.select_tokens)
+
+
+def _tokens(raw_uri: str, config, text_column: str | None) -> np.ndarray:
+    fs, path = storage.resolve(raw_uri)
+    with fs.open_input_file(path) as fh:
+        pf = pq.ParquetFile(fh)
+        names = pf.schema_arrow.names
+        if config.token_column:
+            if config.token_column not in names:
+                raise DataContractError(raw_uri, "column present", column=config.token_column,
+                                        detail=f"token_column; available columns: {names}")
+            col = pf.read(columns=[config.token_column]).column(0)
+            if not pa.types.is_integer(col.type) or col.null_count:
+                raise DataContractError(raw_uri, "token counts are non-null integers",
+                                        column=config.token_column)
+            return col.to_numpy().astype(np.int64)
+        if not text_column or text_column not in names:
+            raise DataContractError(raw_uri, "column present", column=text_column or "text",
+                                    detail="select_tokens without token_column counts tokens "
+                                           f"from the text; available columns: {names}")
+        if config.tokenizer not in TOKENIZERS:
+            raise ConfigError(f"tokenizer={config.tokenizer!r}: one of {TOKENIZERS}")
+        text = pf.read(columns=[text_column]).column(0)
+        words = pc.list_value_length(pc.utf8_split_whitespace(text))
+        return pc.fill_null(words, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) -> tuple:
+    """(CorpusShard list, excluded {key: why}): every registered shard whose features exist
+    and whose latest blocking checks all passed."""
+    from datamask_pipeline.engine.corpus import CorpusShard
+
+    from .validate import latest_check_status
+
+    from .partitions import scan_raw
+
+    present = set(scan_raw(data_root.raw_root).shards)
+    registered = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
+    keys = sorted(registered & present)  # a shard whose raw file is gone leaves the corpus
+    status = latest_check_status(context.instance, keys)
+    out, excluded = [], {}
+    for key in keys:
+        failed = sorted(c for c, s in status.get(key, {}).items() if s != "SUCCEEDED")
+        uri = data_root.features(key)
+        if failed:
+            excluded[key] = f"checks not passed: {', '.join(failed)}"
+            continue
+        if not storage.exists(uri):
+            excluded[key] = "no features (materialize features first)"
+            continue
+        fs, path = storage.resolve(uri)
+        with fs.open_input_file(path) as fh:
+            n = pq.ParquetFile(fh).metadata.num_rows
+        tokens = None
+        if config.select_tokens is not None:
+            tokens = _tokens(data_root.raw_shard(key), config, contract.text_column or None)
+        out.append(CorpusShard(key=key, n=int(n), tokens=tokens,
+                               load=lambda uri=uri: read_features(uri, contract)))
+    return out, excluded
+
+
+def selection_table(result, shards, data_root: DataRoot) -> pa.Table:
+    """One row per selected row: partition_key, raw_uri, row (in the raw file), id (as text)."""
+    cols = {"partition_key": [], "raw_uri": [], "row": [], "id": []}
+    for s in shards:
+        rows = result.selected[s.key]
+        if not rows.size:
+            continue
+        fs, path = storage.resolve(data_root.features(s.key))
+        with fs.open_input_file(path) as fh:
+            ids = pq.read_table(fh, columns=[ID]).column(ID).take(pa.array(rows))
+        cols["partition_key"] += [s.key] * rows.size
+        cols["raw_uri"] += [data_root.raw_shard(s.key)] * rows.size
+        cols["row"].append(rows.astype(np.int64))
+        cols["id"].append(pc.cast(ids, pa.string()).to_numpy(zero_copy_only=False))
+    return pa.table({
+        "partition_key": pa.array(cols["partition_key"], pa.string()),
+        "raw_uri": pa.array(cols["raw_uri"], pa.string()),
+        "row": pa.array(np.concatenate(cols["row"]) if cols["row"] else [], pa.int64()),
+        "id": pa.array(np.concatenate(cols["id"]) if cols["id"] else [], pa.string()),
+    })
+
+
+def _scores_md(result) -> str:
+    if not result.scores:
+        return "(not computed: " + "; ".join(result.notes) + ")"
+    lines = [f"| selection | f (λ={result.lamb:g}, {result.term}) | f_qua | f_div |",
+             "|---|---:|---:|---:|"]
+    label = {"selection": f"corpus {result.mode} ({result.route})"}
+    for name, sc in result.scores.items():
+        lines.append(f"| {label.get(name, name)} | {sc['f']:.6g} | {sc['f_qua']:.6g} | "
+                     f"{sc['f_div']:.6g} |")
+    return "\n".join(lines)
+
+
+def _shares_md(counts: dict, sizes: dict, excluded: dict) -> str:
+    total = max(1, sum(counts.values()))
+    lines = ["| shard | rows | selected | kept | share of the selection |", "|---|---:|---:|---:|---:|"]
+    for key in sorted(sizes):
+        c = counts.get(key, 0)
+        lines.append(f"| {key} | {sizes[key]:,} | {c:,} | {c / max(1, sizes[key]):.1%} | "
+                     f"{c / total:.1%} |")
+    for key, why in sorted(excluded.items()):
+        lines.append(f"| {key} | excluded | - | - | {why} |")
+    return "\n".join(lines)
+
+
+@dg.asset(
+    key="corpus_selection",
+    deps=[features],
+    group_name=GROUP,
+    kinds={"pytorch", "parquet"},
+    owners=OWNERS,
+    tags=stage("learn"),
+    code_version=CODE_VERSION,
+)
+def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
+                     data_root: DataRoot, contract: DataContract,
+                     learner: MaskLearner) -> dg.MaterializeResult:
+    """The corpus's selection: the budget over every shard that passed its checks, one
+    objective on the whole corpus (``corpus/selection.parquet``: shard, raw file, row, id)."""
+    from datamask_pipeline.engine.corpus import select_corpus
+
+    try:
+        budget = _budget(config)
+        cfg = config.learner_config()
+        shards_, excluded = corpus_shards(context, data_root, contract, config)
+        if not shards_:
+            raise ConfigError("no shard has passed its checks yet: materialize features first"
+                              + (f" (excluded: {excluded})" if excluded else ""))
+        for key, why in excluded.items():
+            context.log.warning(f"corpus: shard {key} left out: {why}; the budget is taken "
+                                "from the other shards")
+        with learner.session() as device:
+            result = select_corpus(
+                shards_, cfg, budget, mode=config.mode, device=device,
+                gather_max_rows=config.gather_max_rows, blocks=config.blocks,
+                candidates=config.exchange_candidates, max_rounds=config.exchange_max_rounds,
+                log=context.log.info)
+    except (ConfigError, DataContractError, ValueError) as exc:
+        raise dg.Failure(description=f"corpus_selection: {exc}", allow_retries=False) from exc
+
+    table = selection_table(result, shards_, data_root)
+    out = storage.join(data_root.corpus_dir(), "selection.parquet")
+    storage.makedirs(data_root.corpus_dir())
+    storage.atomic_write_table(table, out)
+    summary = result.summary()
+    summary["excluded"] = excluded
+    summary["sizes"] = {s.key: s.n for s in shards_}
+    storage.atomic_write_bytes(storage.join(data_root.corpus_dir(), "selection.json"),
+                               json.dumps(summary, indent=1, default=float).encode())
+    sizes = {s.key: s.n for s in shards_}
+    md = {
+        "mode": result.mode, "route": result.route, "budget": budget.label,
+        "rows_corpus": result.n, "rows_selected": result.k, "shards": len(shards_),
+        "incomplete": dg.MetadataValue.bool(bool(excluded)),
+        "excluded_shards": dg.MetadataValue.json(excluded),
+        "whole_corpus_scores": dg.MetadataValue.md(_scores_md(result)),
+        "scored_by": result.scored_by or "not computed",
+        "shares": dg.MetadataValue.md(_shares_md(result.counts, sizes, excluded)),
+        "selection": dg.MetadataValue.path(out),
+        "notes": dg.MetadataValue.md("\n".join(f"- {n}" for n in result.notes) or "-"),
+        "seconds": round(result.timings.get("total_s", 0.0), 3),
+        "dagster/row_count": result.k,
+    }
+    if result.scores:
+        md["f_selection"] = result.scores["selection"]["f"]
+    if result.rounds:
+        md["exchange_rounds"] = len(result.rounds)
+        md["exchange_converged"] = bool(result.converged)
+        md["bytes_exchanged"] = int(sum(r["bytes_exchanged"] for r in result.rounds))
+    if result.tokens:
+        md["tokens"] = dg.MetadataValue.json(result.tokens)
+    return dg.MaterializeResult(metadata=md, data_version=dg.DataVersion(storage.sha256(out)[:16]))
+
+
+def _shard_digest(rows: np.ndarray, raw_sig: str) -> str:
+    return hashlib.sha256(np.asarray(rows, dtype=np.int64).tobytes() + raw_sig.encode()).hexdigest()[:16]
+
+
+@dg.asset(
+    key="corpus_subset",
+    deps=[corpus_selection, raw_shard],
+    group_name=GROUP,
+    kinds={"parquet", "pyarrow"},
+    owners=OWNERS,
+    tags=stage("select"),
+    code_version=CODE_VERSION,
+)
+def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
+                  contract: DataContract) -> dg.MaterializeResult:
+    """Each shard's selected raw rows, every column unchanged (``selected/<key>.parquet``).
+    Only shards whose selection or raw file changed are rewritten; files of shards that left
+    the corpus are removed."""
+    sel_uri = storage.join(data_root.corpus_dir(), "selection.parquet")
+    man_uri = storage.join(data_root.corpus_dir(), "subsets.json")
+    if not storage.exists(sel_uri):
+        raise dg.Failure(description=f"corpus_subset: {sel_uri} missing: materialize "
+                                     "corpus_selection first", allow_retries=False)
+    fs, path = storage.resolve(sel_uri)
+    with fs.open_input_file(path) as fh:
+        table = pq.read_table(fh)
+    summary = json.loads(_read_bytes(storage.join(data_root.corpus_dir(), "selection.json")))
+    manifest = json.loads(_read_bytes(man_uri)) if storage.exists(man_uri) else {}
+    keys = sorted(summary["sizes"])
+    part = table.column("partition_key").to_numpy(zero_copy_only=False)
+    changed, written_rows, new_manifest = [], 0, {}
+    for key in keys:
+        m = part == key
+        ids = table.column("id").filter(pa.array(m)).to_pylist()
+        rows = table.column("row").filter(pa.array(m)).to_numpy()
+        raw_uri = data_root.raw_shard(key)
+        fs_r, p_r = storage.resolve(raw_uri)
+        info = fs_r.get_file_info(p_r)
+        digest = _shard_digest(rows, f"{info.size}:{info.mtime_ns}")
+        out = data_root.corpus_selected(key)
+        new_manifest[key] = digest
+        if manifest.get(key) == digest and storage.exists(out):
+            continue
+        try:
+            raw_ids = _raw_ids_at(raw_uri, contract.id_column, rows)
+            w = storage.write_selected_rows(raw_uri, out, raw_ids, contract.id_column)
+        except (DataContractError, storage.StorageError) as exc:
+            raise dg.Failure(description=f"corpus_subset: shard {key!r}: cannot write the "
+                                         f"selected rows: {exc}", allow_retries=False) from exc
+        if w["rows"] != len(ids):  # pragma: no cover - write_selected_rows checks every id
+            raise dg.Failure(description=f"corpus_subset: shard {key!r}: wrote {w['rows']} rows, "
+                                         f"{len(ids)} selected", allow_retries=False)
+        changed.append(key)
+        written_rows += w["rows"]
+        context.log.info(f"corpus_subset: {key}: {w['rows']:,} rows -> {out}")
+    removed = []
+    if storage.exists(data_root.corpus_selected_root):
+        for uri in storage.list_files(data_root.corpus_selected_root, suffix=".parquet"):
+            key = storage.partition_key_for(uri)
+            if key not in new_manifest:
+                storage.remove(uri)
+                removed.append(key)
+    storage.atomic_write_bytes(man_uri, json.dumps(new_manifest, indent=1, sort_keys=True).encode())
+    sources = _source_shares(data_root, keys)
+    return dg.MaterializeResult(metadata={
+        "shards": len(keys), "rewritten_shards": dg.MetadataValue.json(changed),
+        "removed_shards": dg.MetadataValue.json(removed), "rows_written": written_rows,
+        "rows_selected": int(table.num_rows),
+        "source_shares": dg.MetadataValue.md(sources) if sources else "no source column",
+        "selected_root": dg.MetadataValue.path(data_root.corpus_selected_root),
+        "dagster/row_count": int(table.num_rows),
+    })
+
+
+def _read_bytes(uri: str) -> bytes:
+    fs, path = storage.resolve(uri)
+    with fs.open_input_file(path) as fh:
+        return fh.read()
+
+
+def _raw_ids_at(raw_uri: str, id_column: str, rows: np.ndarray):
+    """The raw ids at the given row numbers (the features are the raw file row for row)."""
+    fs, path = storage.resolve(raw_uri)
+    with fs.open_input_file(path) as fh:
+        col = pq.read_table(fh, columns=[id_column]).column(id_column)
+    return col.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
+
+
+def _source_shares(data_root: DataRoot, keys, column: str = "source") -> str | None:
+    counts: dict = {}
+    for key in keys:
+        uri = data_root.corpus_selected(key)
+        if not storage.exists(uri):
+            continue
+        fs, path = storage.resolve(uri)
+        with fs.open_input_file(path) as fh:
+            pf = pq.ParquetFile(fh)
+            if column not in pf.schema_arrow.names:
+                return None
+            vc = pc.value_counts(pf.read(columns=[column]).column(0)).to_pylist()
+        for item in vc:
+            counts[item["values"]] = counts.get(item["values"], 0) + item["counts"]
+    if not counts:
+        return None
+    total = sum(counts.values())
+    lines = [f"| {column} | selected | share |", "|---|---:|---:|"]
+    for name, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+        lines.append(f"| {name} | {c:,} | {c / total:.1%} |")
+    return "\n".join(lines)
