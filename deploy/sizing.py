@@ -255,8 +255,38 @@ def solver_times(path=None) -> list[dict]:
                          "partial": c.get("partial"), "steps": c.get("steps"),
                          "time_s": float(r["time_s"]), "reps": r.get("reps", 1),
                          "polish_converged": runs[0].get("converged"),
+                         # why the polish ended (newer results) and the budget it ran under
+                         # (a run's, a solver's or the whole bench's; absent: none was set)
+                         "polish_stop": runs[0].get("stop"),
+                         "polish_budget_s": _budget(runs[0], r, c, data),
                          "file": os.path.relpath(path, REPO)})
     return rows
+
+
+def _budget(*records) -> float | None:
+    """The polish time budget recorded on the first record that has one (None: no budget)."""
+    for rec in records:
+        for key in ("polish_time_budget_s", "time_budget_s", "polish_budget_s"):
+            v = (rec or {}).get(key)
+            if v is None and isinstance((rec or {}).get("settings"), dict):
+                v = rec["settings"].get(key)
+            if v is not None:
+                return float(v)
+    return None
+
+
+def polish_stop(r: dict) -> str | None:
+    """Why a measured cell's polish ended: ``time_budget`` only when the run says so, or when
+    it did not converge and ran under a budget; ``not_converged`` when it did not converge
+    with no budget set (DiSF's default partial check of its most promising members, or
+    max_rounds), the stop itself when the results record it; None when it converged or ran
+    no polish."""
+    if r.get("polish_converged") is not False:
+        return None
+    stop = r.get("polish_stop")
+    if stop:
+        return stop
+    return "time_budget" if r.get("polish_budget_s") is not None else "not_converged"
 
 
 def fit_growth(points) -> dict | None:
@@ -293,7 +323,8 @@ def cpu_per_shard(rows: list[dict], n_target: int = 1_000_000) -> list[dict]:
                     "seconds": secs, "how": how, "exponent": fit["b"] if fit else None,
                     "sizes": [r["n"] for r in rs], "largest_n_s": top["time_s"],
                     "steps": top["steps"], "partial": top["partial"],
-                    "polish_stopped_by_budget": any(r["polish_converged"] is False for r in rs)})
+                    "polish_stopped_by_budget": any(polish_stop(r) == "time_budget" for r in rs),
+                    "polish_stops": sorted({polish_stop(r) for r in rs} - {None, "time_budget"})})
     return out
 
 
@@ -329,6 +360,11 @@ def nodes_needed(rows: float, shard_seconds: float, per_node: int, rows_per_shar
     return int(math.ceil(node_seconds / (deadline_h * 3600)))
 
 
+# how cpu_table names a polish that ended without a local optimum and without a budget
+_STOP_LABELS = {"not_converged": "ended at the partial check or round limit",
+                "partial_check": "ended at DiSF's partial check", "max_rounds": "hit max_rounds"}
+
+
 def cpu_table(rows=None, n_target: int = 1_000_000, d_memory: int = 768,
               corpora=(1e9, 1e10)) -> str:
     rows = solver_times() if rows is None else rows
@@ -352,6 +388,9 @@ def cpu_table(rows=None, n_target: int = 1_000_000, d_memory: int = 768,
                     f"{e['partial'] * e['sizes'][-1]:,.0f} at the largest n (not 5,000 steps)")
         if e["polish_stopped_by_budget"]:
             src += "; polish stopped by its time budget: a lower bound"
+        stops = [_STOP_LABELS.get(st, st) for st in e.get("polish_stops", [])]
+        if stops:
+            src += f"; polish not converged, no time budget ({', '.join(stops)})"
         nodes = "".join(f"| {nodes_needed(c, e['seconds'], per_node, n_target):,} " for c in corpora)
         out.append(f"| {e['term']} | `{e['solver']}` | {e['seconds']:,.0f} s ({hours:.3g} h) | {src} "
                    f"| {_gib(mem)} GiB | {per_node} {nodes}|")

@@ -96,11 +96,41 @@ def test_cpu_time_per_shard_is_measured_or_fitted(sizing, tmp_path):
     # t = 1 s * (n / 10^4)^2 -> 10^4 s at 10^6
     e = est[("DiSF", "topk+polish")]
     assert e["how"] == "extrapolated" and e["exponent"] == pytest.approx(2.0)
-    assert e["seconds"] == pytest.approx(1e4) and e["polish_stopped_by_budget"]
+    # not converged, but no budget was set: not "stopped by its time budget"
+    assert e["seconds"] == pytest.approx(1e4) and not e["polish_stopped_by_budget"]
+    assert e["polish_stops"] == ["not_converged"]
     assert est[("Pair_simi", "topk+polish")]["how"] == "measured"
     assert est[("Pair_simi", "topk+polish")]["seconds"] == 7.0
     table = sizing.cpu_table(rows)
-    assert "n^2.00 fit" in table and "a lower bound" in table and "measured at n = 1,000,000" in table
+    assert "n^2.00 fit" in table and "measured at n = 1,000,000" in table
+    assert "time budget: a lower bound" not in table and "no time budget" in table
+
+
+def test_only_a_budget_makes_a_polish_time_a_lower_bound(sizing, tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"cells": [
+        {"term": "DiSF", "n": n, "d": 128, "partial": 0.05, "steps": 1000, "solvers": {
+            # a budget recorded on the solver: this cell's polish stopped by it
+            "topk+polish": {"time_s": t, "polish_time_budget_s": 60.0,
+                            "runs": [{"converged": False}]},
+            # the run records its own stop (newer results): the partial check, no budget
+            "sgreedy+polish": {"time_s": t, "runs": [{"converged": False,
+                                                      "stop": "partial_check"}]},
+            "paper+polish": {"time_s": t, "runs": [{"converged": True,
+                                                    "stop": "local_optimum"}]},
+            "greedy": {"time_s": t, "runs": [{"converged": None}]},
+        }} for n, t in ((10_000, 1.0), (100_000, 10.0))]}))
+    est = {e["solver"]: e for e in sizing.cpu_per_shard(sizing.solver_times(path))}
+    assert est["topk+polish"]["polish_stopped_by_budget"]
+    assert not est["sgreedy+polish"]["polish_stopped_by_budget"]
+    assert est["sgreedy+polish"]["polish_stops"] == ["partial_check"]
+    for solver in ("paper+polish", "greedy"):
+        assert not est[solver]["polish_stopped_by_budget"] and not est[solver]["polish_stops"]
+    rows = {line.split("|")[2].strip(): line for line in sizing.cpu_table(
+        sizing.solver_times(path)).splitlines()[2:]}
+    assert "stopped by its time budget: a lower bound" in rows["`topk+polish`"]
+    assert "ended at DiSF's partial check" in rows["`sgreedy+polish`"]
+    assert "lower bound" not in rows["`sgreedy+polish`"] + rows["`paper+polish`"]
     assert sizing.solver_times(tmp_path / "missing.json") == []
     assert "not measured" in sizing.cpu_table([])
 
