@@ -73,14 +73,16 @@ def exchange_rounds(
         raise ValueError("exchange: the start does not hold k rows")
     parts = stats.zero()
     for (x, q), s in zip(shards, sel):
-        idx = np.flatnonzero(s)
-        for c in range(0, idx.size, _CHUNK_ROWS):
-            j = idx[c:c + _CHUNK_ROWS]
-            parts = stats.add(parts, stats.rows(x[j]), q[j])
+        for c in range(0, s.size, _CHUNK_ROWS):
+            m = s[c:c + _CHUNK_ROWS]
+            if m.any():
+                parts = stats.add(parts, stats.rows(np.asarray(x[c:c + m.size])[m]),
+                                  q[c:c + m.size][m])
     f_now = stats.f(parts, k)["f"]
     out = ExchangeResult(selected=sel)
     for r in range(max_rounds):
         t0 = time.perf_counter()
+        f_before = f_now
         grad = stats.gradient(parts, k)
         ins, outs = [], []  # (shard, row) of the candidates
         for si, ((x, q), s) in enumerate(zip(shards, sel)):
@@ -137,7 +139,7 @@ def exchange_rounds(
         for (si, i), (so, o) in swaps:
             sel[si][i] = True
             sel[so][o] = False
-        info = {"round": r + 1, "swaps": len(swaps), "f": f_now,
+        info = {"round": r + 1, "swaps": len(swaps), "f_before": f_before, "f": f_now,
                 "seconds": time.perf_counter() - t0, "bytes_exchanged": int(sent)}
         out.rounds.append(info)
         if on_round is not None:

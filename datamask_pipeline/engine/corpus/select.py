@@ -296,6 +296,7 @@ def select_corpus(
     offsets = np.cumsum([0] + [s.n for s in shards])
     rounds, converged, route = [], None, ""
     shard_routes: dict = {}
+    timings: dict = {}
     t0 = time.perf_counter()
     if chosen == "gather":
         g = _Gathered([loaded(i) for i in range(len(shards))])
@@ -323,6 +324,7 @@ def select_corpus(
                 shard_routes[s.key] = r
                 log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r})")
             route = ", ".join(sorted(set(shard_routes.values())))
+            timings["shards_s"] = time.perf_counter() - t0
             if chosen == "exchange":
                 glob, priority, rounds, converged = _exchange(
                     shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
@@ -332,7 +334,9 @@ def select_corpus(
                 glob = np.concatenate([r + offsets[i] for i, r in enumerate(per)])
                 priority = None
         scores, scored_by = None, None
-    timings = {"select_s": time.perf_counter() - t0}
+    timings["select_s"] = time.perf_counter() - t0
+    if "shards_s" in timings and chosen == "exchange":
+        timings["rounds_s"] = timings["select_s"] - timings["shards_s"]
 
     tokens_info = None
     if budget.kind == "tokens":
@@ -422,6 +426,44 @@ class _Part:
         return int(self.embeddings.shape[0])
 
 
+class _DiskRows:
+    """Float32 rows in a file, read on demand (a slice, one row or a list of rows) into
+    ordinary memory that is freed after use: a round's pass over a shard holds one chunk."""
+
+    def __init__(self, path: str, n: int, d: int):
+        self.path, self.shape = path, (n, d)
+        self._row = d * 4
+
+    @classmethod
+    def write(cls, path: str, x) -> "_DiskRows":
+        n, d = x.shape
+        with open(path, "wb") as fh:
+            for s in range(0, n, 65536):
+                fh.write(np.ascontiguousarray(x[s:s + 65536], dtype=np.float32).tobytes())
+        return cls(path, n, d)
+
+    def __getitem__(self, key):
+        import os
+
+        n, d = self.shape
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            if isinstance(key, slice):
+                s, e, _ = key.indices(n)
+                buf = os.pread(fd, (e - s) * self._row, s * self._row)
+                return np.frombuffer(buf, dtype=np.float32).reshape(e - s, d)
+            if np.isscalar(key):
+                buf = os.pread(fd, self._row, int(key) * self._row)
+                return np.frombuffer(buf, dtype=np.float32)
+            rows = np.asarray(key, dtype=np.int64)
+            out = np.empty((rows.size, d), dtype=np.float32)
+            for j, r in enumerate(rows):
+                out[j] = np.frombuffer(os.pread(fd, self._row, int(r) * self._row), np.float32)
+            return out
+        finally:
+            os.close(fd)
+
+
 def _exchange(shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
               log, *, spill: bool, workdir: str | None):
     import shutil
@@ -440,9 +482,7 @@ def _exchange(shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s
             if spill:  # one shard in memory at a time: the rounds read float32 copies on disk
                 if tmp is None:
                     tmp = tempfile.mkdtemp(prefix="corpus-", dir=workdir)
-                path = f"{tmp}/{i}.npy"
-                np.save(path, np.ascontiguousarray(x, dtype=np.float32))
-                x = np.load(path, mmap_mode="r")
+                x = _DiskRows.write(f"{tmp}/{i}.f32", x)
             data.append((x, np.asarray(sh.quality, dtype=np.float64)))
             del sh
             m = np.zeros(s.n, dtype=bool)
