@@ -1,6 +1,6 @@
 """What a refresh would launch, before it launches: a dry run with an estimate in GPU-hours.
 
-    python -m datamask_pipeline.plan [--json] [--limit N]
+    python -m datamask_pipeline.plan [--json | --keys] [--limit N]
 
 Dagster's automation (``datamask_pipeline/automation.py``) decides what runs; this command
 only reads. It lists every registered shard whose selection is missing or out of date, with
@@ -14,6 +14,12 @@ the reason (first found wins):
    is set, so that a code change never launches every shard silently);
 4. the raw file is newer than the latest ingestion (the raw-shard sensor records it and
    automation launches it), or the selected parquet file is gone.
+
+A shard whose blocking checks on ``features`` failed is not among them: automation does not
+launch its steps after ``features`` (``all_deps_blocking_checks_passed``) until its raw file
+changes (reason 4) or ``features``' code version does, so it is listed apart as blocked, with
+the failed checks, and not priced. ``--keys`` prints the shards that need a run, comma-separated,
+for ``dagster job backfill --partitions`` (README: "Re-run many shards").
 
 It then estimates the cost of running them: rows per shard from the latest ``features``
 materialization (for never-ingested shards, the raw file's bytes times the median rows per
@@ -39,6 +45,7 @@ from assets.ingest import features
 from assets.learn import mask
 from assets.partitions import PARTITIONS_NAME, scan_raw
 from assets.select import selected_subset
+from assets.validate import latest_check_status
 from datamask_pipeline.engine import storage
 from resources.storage import DataRoot
 
@@ -86,6 +93,7 @@ class Plan:
 
     registered: int
     reasons: dict  # key -> reason
+    blocked: dict = field(default_factory=dict)  # key -> failed blocking checks (not launched)
     rows: dict = field(default_factory=dict)  # key -> rows (measured or estimated)
     rows_estimated: list = field(default_factory=list)  # keys whose rows are estimated
     seconds_per_row: float | None = None  # median over this instance's mask runs
@@ -148,19 +156,41 @@ def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
     return out
 
 
+def blocked_by_checks(instance: dg.DagsterInstance, keys, features_records: dict,
+                      raw: dict) -> dict:
+    """{key: failed check names} for the shards of ``keys`` whose latest blocking check result
+    on ``features`` failed and whose ``features`` automation would not request again (its raw
+    file is not newer than the ingestion, its code version did not change), so automation will
+    not launch their later steps. One query per check, whatever the number of shards."""
+    keys = [k for k in keys if k in features_records]
+    status = latest_check_status(instance, keys) if keys else {}
+    current = _code_version(features)
+    out = {}
+    for key in keys:
+        failed = sorted(name for name, st in status.get(key, {}).items() if st == "FAILED")
+        rec = features_records[key]
+        relaunched = ((key in raw and raw[key][1] / 1e9 > rec.timestamp)
+                      or rec.asset_materialization.tags.get("dagster/code_version") != current)
+        if failed and not relaunched:
+            out[key] = failed
+    return out
+
+
 def plan(instance: dg.DagsterInstance, data_root: DataRoot) -> Plan:
     """The dry run: what needs a run and what it would cost (see the module doc)."""
     keys = sorted(instance.get_dynamic_partitions(PARTITIONS_NAME))
     recs = {a.key: _latest_records(instance, a.key, keys) for a in CHAIN}
     reasons = stale_reasons(instance, keys, data_root, records=recs)
-    out = Plan(registered=len(keys), reasons=reasons)
-
-    rows = {k: _meta(r, "dagster/row_count") for k, r in recs[features.key].items()}
-    rows = {k: int(v) for k, v in rows.items() if v is not None}
     try:
         raw = scan_raw(data_root.raw_root).files
     except storage.StorageError:
         raw = {}
+    blocked = blocked_by_checks(instance, list(reasons), recs[features.key], raw)
+    reasons = {k: r for k, r in reasons.items() if k not in blocked}
+    out = Plan(registered=len(keys), reasons=reasons, blocked=blocked)
+
+    rows = {k: _meta(r, "dagster/row_count") for k, r in recs[features.key].items()}
+    rows = {k: int(v) for k, v in rows.items() if v is not None}
     per_byte = [rows[k] / raw[k][0] for k in rows if k in raw and raw[k][0]]
     ratio = statistics.median(per_byte) if per_byte else None
     for key in reasons:
@@ -187,6 +217,14 @@ def render(p: Plan, limit: int = 20) -> str:
         lines.append(f"  {key}: {p.reasons[key]}; rows {rows if rows is not None else '?'}{est}")
     if len(p.reasons) > limit:
         lines.append(f"  ... and {len(p.reasons) - limit} more (--limit, --json)")
+    if p.blocked:
+        lines.append(f"{len(p.blocked)} shard(s) blocked by failed blocking checks on features "
+                     "(not launched by automation, not priced; fix the raw file: its new version "
+                     "relaunches the shard)")
+        for key in sorted(p.blocked)[:limit]:
+            lines.append(f"  {key}: failed {', '.join(p.blocked[key])}")
+        if len(p.blocked) > limit:
+            lines.append(f"  ... and {len(p.blocked) - limit} more (--limit, --json)")
     if p.gpu_hours is None:
         lines.append(f"estimated cost: unknown ({p.total_rows:,} rows known; no mask run on this "
                      "instance to measure seconds per row yet)")
@@ -201,7 +239,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m datamask_pipeline.plan",
                                  description="Dry run: the shards a refresh would launch, why, "
                                  "and an estimate of the device-hours. Launches nothing.")
-    ap.add_argument("--json", action="store_true", help="print the plan as JSON")
+    out_fmt = ap.add_mutually_exclusive_group()
+    out_fmt.add_argument("--json", action="store_true", help="print the plan as JSON")
+    out_fmt.add_argument("--keys", action="store_true",
+                         help="print only the shards that need a run, comma-separated (for "
+                         "`dagster job backfill --partitions`)")
     ap.add_argument("--limit", type=int, default=20, help="shards listed in the text output")
     args = ap.parse_args(argv)
 
@@ -210,7 +252,10 @@ def main(argv=None) -> int:
     settings.ensure_dagster_home()
     instance = dg.DagsterInstance.get()
     p = plan(instance, DataRoot(root=settings.data_root(), raw=settings.raw_root()))
-    print(json.dumps(p.as_dict(), indent=2, sort_keys=True) if args.json else render(p, args.limit))
+    if args.keys:
+        print(",".join(sorted(p.reasons)))
+    else:
+        print(json.dumps(p.as_dict(), indent=2, sort_keys=True) if args.json else render(p, args.limit))
     return 0
 
 
