@@ -29,11 +29,20 @@ config is not part of the automation: runs it launches use ``MaskConfig``'s defa
 change of an asset (its ``code_version``) is picked up by the cron refresh only, because a
 code change makes every shard stale at once and must not launch 25,000 GPU runs silently
 (see ``python -m datamask_pipeline.plan`` for what a refresh would launch and its GPU-hours).
+
+Freshness: no asset carries a freshness policy by default. Dagster 1.13 judges a partitioned
+asset's freshness by its latest materialization of any partition, and this pipeline runs only
+when shards arrive or change, so a wall-clock window turned ``selected_subset`` and
+``corpus_summary`` FAIL after quiet days with nothing wrong. What is out of date is what the
+dry run (``python -m datamask_pipeline.plan``) and the UI's stale partitions show. A corpus fed
+continuously can opt in: ``DATAMASK_FRESHNESS_HOURS=N`` fails those two assets when no shard
+was selected (and no catalog built) for N hours.
 """
 
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import dagster as dg
 
@@ -109,22 +118,43 @@ def automation_sensor(target: dg.AssetSelection) -> dg.AutomationConditionSensor
     )
 
 
+def freshness_policy() -> dg.FreshnessPolicy | None:
+    """The opt-in freshness policy (env ``DATAMASK_FRESHNESS_HOURS``): fail when the asset was
+    not materialized (any partition) for that many hours; None (default) = no policy."""
+    hours = settings.env_int(settings.ENV_FRESHNESS_HOURS)
+    if hours is None or hours <= 0:
+        return None
+    return dg.FreshnessPolicy.time_window(fail_window=timedelta(hours=hours))
+
+
 def automate(assets: list) -> list:
     """``automate_with`` the crons of the environment (``DATAMASK_REFRESH_CRON``,
-    ``DATAMASK_CATALOG_CRON``)."""
-    return automate_with(assets, refresh=refresh_cron(), catalog=catalog_cron())
+    ``DATAMASK_CATALOG_CRON``) and its freshness setting (``DATAMASK_FRESHNESS_HOURS``)."""
+    return automate_with(assets, refresh=refresh_cron(), catalog=catalog_cron(),
+                         freshness=freshness_policy())
+
+
+def _with_freshness(a: dg.AssetsDefinition, policy: dg.FreshnessPolicy | None):
+    """``a`` with ``policy`` instead of the freshness policy it declares (if it declares one)."""
+    if a.specs_by_key[a.key].freshness_policy is None:
+        return a
+    return dg.map_asset_specs(lambda s: s.replace_attributes(freshness_policy=policy), [a])[0]
 
 
 def automate_with(assets: list, refresh: str | None = None,
-                  catalog: str = DEFAULT_CATALOG_CRON) -> list:
+                  catalog: str = DEFAULT_CATALOG_CRON,
+                  freshness: dg.FreshnessPolicy | None = None) -> list:
     """``assets`` with their automation conditions and backfill policies: the shard condition
     and ``BACKFILL_POLICY`` on every partitioned asset, the catalog condition on the
-    unpartitioned ones; source assets (``raw_shard``) unchanged."""
+    unpartitioned ones; source assets (``raw_shard``) unchanged. An asset that declares a
+    freshness policy gets ``freshness`` instead (None: no policy; see the module doc)."""
     out = []
     for a in assets:
         if not isinstance(a, dg.AssetsDefinition) or not a.is_executable or a.is_observable:
             out.append(a)
-        elif a.partitions_def is not None:
+            continue
+        a = _with_freshness(a, freshness)
+        if a.partitions_def is not None:
             out.append(a.with_attributes(automation_condition=shard_condition(refresh),
                                          backfill_policy=BACKFILL_POLICY))
         else:

@@ -26,6 +26,9 @@ Every default is a local path under the repository, so a newcomer needs no confi
                             evaluation took 41-72 s at 10,000 shards: use >= 120 there)
 ``DATAMASK_FAILURE_WEBHOOK``  optional http(s) URL: every failed run is POSTed there as JSON
                             (shard, run id, job, reason) by ``shard_failure_sensor``
+``DATAMASK_FRESHNESS_HOURS``  opt-in freshness policy of ``selected_subset`` and
+                            ``corpus_summary``: fail after N hours without a materialization
+                            (unset, default: none; see ``automation``)
 ``DATAMASK_PRESET``         no longer read. The method knobs' presets are jobs with their run
                             config filled in: ``datamask_job`` (``pipeline``),
                             ``datamask_upstream_job``, ``datamask_cpu_demo_job``. When it is set,
@@ -72,6 +75,7 @@ ENV_CATALOG_CRON = "DATAMASK_CATALOG_CRON"
 ENV_AUTOMATION_INTERVAL = "DATAMASK_AUTOMATION_INTERVAL_S"
 ENV_SENSOR_INTERVAL = "DATAMASK_SENSOR_INTERVAL_S"
 ENV_FAILURE_WEBHOOK = "DATAMASK_FAILURE_WEBHOOK"
+ENV_FRESHNESS_HOURS = "DATAMASK_FRESHNESS_HOURS"
 
 PRESETS = ("pipeline", "upstream", "cpu-demo")
 
