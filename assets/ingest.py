@@ -164,6 +164,17 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
             "dims": dims, "id_type": str(id_type), "embedding": embedded}
 
 
+def raw_rows(raw_uri: str) -> int | None:
+    """The raw shard's row count from its parquet footer; None when it cannot be read (the
+    ingestion then reports why)."""
+    try:
+        fs, path = storage.resolve(raw_uri)
+        with fs.open_input_file(path) as fh:
+            return pq.ParquetFile(fh).metadata.num_rows
+    except Exception:  # noqa: BLE001 - any reason is reported by write_features
+        return None
+
+
 def _embed(raw_uri, columns: Columns, embedder, checkpoint_dir, expected_dim, progress):
     """The text-only shard's embeddings (``engine.embed.embed_shard``)."""
     from datamask_pipeline.engine import embed
@@ -220,6 +231,12 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
     raw_uri = data_root.raw_shard(key)
     out_uri = data_root.features(key)
     columns = contract.columns()
+    # an impossible mask config fails the run here, its first step, before anything is written
+    from .learn import check_run_mask_config
+
+    run_config = context.run.run_config
+    if (((run_config or {}).get("ops") or {}).get("mask") or {}).get("config") is not None:
+        check_run_mask_config(run_config, key, rows=raw_rows(raw_uri))
     embed_dir = storage.safe_child(data_root.root, f"checkpoints/{key}.embeddings")
     try:
         info = write_features(raw_uri, out_uri, columns, embedder=contract.embedder,

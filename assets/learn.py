@@ -24,11 +24,16 @@ import time
 
 import dagster as dg
 import numpy as np
-from pydantic import Field, create_model
+from pydantic import Field, ValidationError, create_model
 
 from datamask_pipeline import settings
 from datamask_pipeline.engine import storage
-from datamask_pipeline.engine.config import ConfigError, LearnerConfig
+from datamask_pipeline.engine.config import (
+    ConfigError,
+    LearnerConfig,
+    describe_validation_error,
+    knob_constraints,
+)
 from datamask_pipeline.engine.data import Columns, DataContractError
 from datamask_pipeline.engine.storage import mask_file
 from datamask_pipeline.k8s import GPU_POOL, gpu_op_tags
@@ -42,7 +47,23 @@ from .partitions import shards
 CODE_VERSION = "mask-2"
 CURVE_ROWS = 12
 
+class InvalidMaskConfig(dg.Failure, ValueError):
+    """An impossible value of a mask knob: a ValueError where Python builds the config
+    (``MaskConfig(select_ratio=1.5)`` before a launch), a Dagster ``Failure`` with one readable
+    line and no retries where a step does (the message names the knob and its range)."""
+
+    def __init__(self, message: str):
+        super().__init__(description=message, allow_retries=False)
+
+
 class _MaskConfigBase(dg.Config):
+    def __init__(self, **data):
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise InvalidMaskConfig(
+                f"invalid mask configuration: {describe_validation_error(exc)}") from None
+
     def learner_config(self) -> LearnerConfig:
         """The engine's config (raises ConfigError naming the knob for an impossible value)."""
         return LearnerConfig(**{f: getattr(self, f) for f in LearnerConfig.model_fields})
@@ -52,10 +73,12 @@ def _mask_config_class():
     """``MaskConfig``: every field of the engine's LearnerConfig (type, description), with the
     ``pipeline`` profile's values as defaults (constants: the environment is not read; the
     other presets are jobs with their run config filled in, ``datamask_pipeline/jobs.py``).
-    Ranges are checked by the engine when the step starts, so a bad value fails the step with
-    the knob named."""
+    Each field carries the knob's range (pydantic constraints), so an impossible value is
+    refused where the config is built: in Python before a launch, in the run's first step
+    (:func:`check_run_mask_config`) for config given as JSON or in the Launchpad."""
     defaults = settings.learner_defaults("pipeline")
-    fields = {name: (info.annotation, Field(default=defaults[name], description=info.description))
+    fields = {name: (info.annotation, Field(default=defaults[name], description=info.description,
+                                            **knob_constraints(name)))
               for name, info in LearnerConfig.model_fields.items()}
     return create_model("MaskConfig", __base__=_MaskConfigBase,
                         __doc__="The method's knobs (names follow upstream's train_mask.py flags).",
@@ -115,6 +138,23 @@ def scores_markdown(scores: dict, term: str, lamb: float) -> str:
 
 def _fail(key: str, exc: Exception, what: str) -> dg.Failure:
     return dg.Failure(description=f"partition {key!r}: {what}: {exc}", allow_retries=False)
+
+
+def check_run_mask_config(run_config: dict | None, key: str, rows: int | None = None) -> None:
+    """Refuse a run whose ``mask`` config is impossible, before any work: the knobs' ranges
+    and names (MaskConfig, then the engine's LearnerConfig) and, given the shard's ``rows``,
+    the sizes (k, pool, batch). Raises a ``Failure`` with one line naming the knob. A run
+    without mask config (the defaults) passes."""
+    raw = (((run_config or {}).get("ops") or {}).get("mask") or {}).get("config")
+    if raw is None:
+        return
+    cfg = MaskConfig(**raw)  # InvalidMaskConfig (a Failure) for a value out of its range
+    try:
+        learner = cfg.learner_config()
+        if rows is not None:
+            learner.validate(rows)
+    except ConfigError as exc:
+        raise InvalidMaskConfig(f"partition {key!r}: invalid mask configuration: {exc}") from None
 
 
 def valid_config(config: MaskConfig, key: str) -> LearnerConfig:

@@ -326,6 +326,22 @@ def _interval(meta) -> str | None:
     return None
 
 
+def describe_validation_error(exc: ValidationError) -> str:
+    """A pydantic ValidationError over these knobs (LearnerConfig's, or a model with the same
+    field names such as the pipeline's MaskConfig) as one readable line naming each knob."""
+    return _describe(exc)
+
+
+def knob_constraints(field: str) -> dict:
+    """The range of a knob as pydantic ``Field`` keyword arguments (gt, ge, lt, le)."""
+    out = {}
+    for m in LearnerConfig.model_fields[field].metadata:
+        for attr in ("gt", "ge", "lt", "le"):
+            if getattr(m, attr, None) is not None:
+                out[attr] = getattr(m, attr)
+    return out
+
+
 def _describe(exc: ValidationError) -> str:
     """One line per broken knob, naming the knob, its rule and the value given."""
     from typing import get_args
