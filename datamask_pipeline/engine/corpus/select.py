@@ -90,13 +90,25 @@ class CorpusSelection:
 
 # ------------------------------------------------------------------ helpers
 class _Gathered:
-    """Shards concatenated into one shard-like object (global row numbers as ids)."""
+    """Shards concatenated into one shard-like object, its rows in order of the original id
+    (so the result does not depend on how the corpus was cut into files), with its position
+    as the id. ``order[j]``: the global row number (shards in order) of row j."""
 
     def __init__(self, parts: list):
-        self.embeddings = np.concatenate([p.embeddings for p in parts]) if len(parts) > 1 \
-            else parts[0].embeddings
-        self.quality = np.concatenate([np.asarray(p.quality, dtype=np.float64) for p in parts])
-        self.ids = np.arange(self.embeddings.shape[0], dtype=np.int64)
+        ids = np.concatenate([np.asarray(p.ids) for p in parts])
+        self.order = np.argsort(ids, kind="stable")
+        pos = np.empty_like(self.order)
+        pos[self.order] = np.arange(self.order.size)
+        n, d = int(ids.size), int(parts[0].embeddings.shape[1])
+        self.embeddings = np.empty((n, d), dtype=np.float32)
+        self.quality = np.empty(n, dtype=np.float64)
+        s = 0
+        for p in parts:
+            m = int(p.embeddings.shape[0])
+            self.embeddings[pos[s:s + m]] = p.embeddings
+            self.quality[pos[s:s + m]] = p.quality
+            s += m
+        self.ids = np.arange(n, dtype=np.int64)
 
 
 def _ratio_for(k: int, n: int) -> float:
@@ -183,9 +195,11 @@ def _score_sets(shards, loaded, sets: dict, term_name: str, cfg, device, whole: 
 
     if whole:
         g = _Gathered([loaded(i) for i in range(len(shards))])
+        pos = np.empty_like(g.order)
+        pos[g.order] = np.arange(g.order.size)
         ground = make_ground_set(g.embeddings, g.quality, device=device)
         term = cfg.diversity_term()
-        return ({name: score_selection(ground, idx, term, cfg.lamb).as_dict()
+        return ({name: score_selection(ground, pos[idx], term, cfg.lamb).as_dict()
                  for name, idx in sets.items()}, WHOLE)
     if term_name not in HAS_STATS:
         return None, None
@@ -302,8 +316,9 @@ def select_corpus(
         g = _Gathered([loaded(i) for i in range(len(shards))])
         sel = _select_gathered(g, k, cfg, dev, mem_budget)
         route = sel.route
-        glob = sel.indices
-        priority = -sel.rank.astype(np.float64)
+        glob = g.order[sel.indices]
+        priority = np.empty(n, dtype=np.float64)
+        priority[g.order] = -sel.rank.astype(np.float64)
         scores = {name: sc.as_dict() for name, sc in sel.scores.items()
                   if name in ("selection", "quality_topk", "random")}
         scored_by = WHOLE
@@ -394,23 +409,22 @@ def _select_gathered(g: _Gathered, k: int, cfg, dev, mem_budget):
 
 def _random_blocks(shards, loaded, k, cfg, dev, mem_budget, n_blocks, log):
     """The corpus re-cut into ``n_blocks`` random blocks by a keyed hash of the id, each
-    selected alone with its proportional share."""
-    offsets = np.cumsum([0] + [s.n for s in shards])
-    block = np.concatenate([block_of(loaded(i).ids, n_blocks, cfg.seed) for i in range(len(shards))])
+    selected alone with its proportional share (rows in order of id within a block)."""
+    g = _Gathered([loaded(i) for i in range(len(shards))])
+    ids = np.concatenate([np.asarray(loaded(i).ids) for i in range(len(shards))])[g.order]
+    block = block_of(ids, n_blocks, cfg.seed)
     sizes = np.bincount(block, minlength=n_blocks)
     alloc = allocate(sizes, k)
-    g = _Gathered([loaded(i) for i in range(len(shards))])
     picked, routes = [], {}
     for b in range(n_blocks):
-        rows = np.flatnonzero(block == b)
+        rows = np.flatnonzero(block == b)  # positions in id order
         if rows.size == 0:
             continue
-        part = _Part(g.embeddings[rows], g.quality[rows], g.ids[rows])
+        part = _Part(g.embeddings[rows], g.quality[rows], rows)
         sel, r = _select_part(part, int(alloc[b]), cfg, dev, mem_budget)
-        picked.append(rows[sel])
+        picked.append(g.order[rows[sel]])
         routes[f"block_{b:03d}"] = r
         log(f"corpus: random block {b}: {sel.size:,} of {rows.size:,} rows ({r})")
-    del offsets
     return (np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64),
             ", ".join(sorted(set(routes.values()))), routes)
 

@@ -74,7 +74,7 @@ class PairStats(SelectionStats):
     term = "Pair_simi"
 
     def rows(self, x):
-        xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
+        xt = torch.tensor(np.asarray(x, dtype=np.float32))  # a copy: the rows may be read-only
         return unit_rows(xt).to(torch.float64)
 
     def zero(self):

@@ -1,0 +1,227 @@
+"""The corpus stage's engine: budgets, statistics, and selection across shards cut three ways
+(one file per source with uneven sizes, random blocks, files sorted by quality so that one
+shard is far better than the rest), scored on the whole corpus against whole-corpus greedy."""
+
+import numpy as np
+import pytest
+import torch
+
+from bench.corpus import Part, gap_closed, make_cuts
+from datamask_pipeline.engine.baselines import greedy, quality_topk
+from datamask_pipeline.engine.config import ConfigError, LearnerConfig
+from datamask_pipeline.engine.corpus import (CorpusBudget, CorpusShard, allocate, block_of,
+                                             fit_tokens, select_corpus)
+from datamask_pipeline.engine.corpus.stats import stats_for
+from datamask_pipeline.engine.data import table_to_shard
+from datamask_pipeline.engine.evaluate import make_ground_set
+from datamask_pipeline.engine.sample import make_table
+from datamask_pipeline.engine.select import score_selection
+
+LAMB, RATIO = 0.5, 0.1
+
+
+def _corpus(n, dim, seed=3):
+    t = make_table(n, dim=dim, seed=seed)
+    sh = table_to_shard(t, "corpus")
+    return sh.embeddings, sh.quality, sh.ids, np.asarray(t.column("source").to_pylist())
+
+
+def _shards(x, q, ids, files, tokens=None):
+    return [CorpusShard(key=f"f{i:02d}", n=len(r), load=lambda r=r: Part(x[r], q[r], ids[r]),
+                        tokens=None if tokens is None else tokens[r])
+            for i, r in enumerate(files)]
+
+
+def _union(res, files):
+    return np.concatenate([files[i][res.selected[f"f{i:02d}"]] for i in range(len(files))])
+
+
+# ------------------------------------------------------------------ budget
+def test_budget_forms_and_errors():
+    assert CorpusBudget.of(0.1).rows(1000) == 100
+    assert CorpusBudget.of(0.1, select_rows=250).rows(1000) == 250
+    assert CorpusBudget.of(0.1, select_tokens=5000).rows(1000, tokens_total=50_000) == 100
+    with pytest.raises(ConfigError, match="nothing to choose"):
+        CorpusBudget.of(select_rows=1000).rows(1000)
+    with pytest.raises(ConfigError, match="needs token counts"):
+        CorpusBudget.of(select_tokens=10).rows(1000)
+    with pytest.raises(ConfigError, match="not both"):
+        CorpusBudget.of(0.1, select_rows=5, select_tokens=5)
+    with pytest.raises(ConfigError, match=r"\(0, 1\)"):
+        CorpusBudget.of(1.5)
+
+
+def test_budget_errors_come_before_any_shard_is_read():
+    def never():
+        raise AssertionError("a shard was read")
+
+    shards = [CorpusShard("a", 100, never), CorpusShard("b", 50, never)]
+    cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi")
+    with pytest.raises(ConfigError, match="nothing to choose"):
+        select_corpus(shards, cfg, CorpusBudget.of(select_rows=150))
+    with pytest.raises(ConfigError, match="needs token counts"):
+        select_corpus(shards, cfg, CorpusBudget.of(select_tokens=10))
+
+
+def test_allocate_is_exact_and_proportional():
+    sizes = [7, 130, 1, 0, 62]
+    for k in (0, 1, 17, 100, 200):
+        a = allocate(sizes, k)
+        assert a.sum() == k and (a <= np.array(sizes)).all()
+        assert np.all(np.abs(a - np.array(sizes) * k / 200) < 1)
+
+
+def test_fit_tokens_within_one_document():
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(1, 400, size=500)
+    priority = rng.standard_normal(500)
+    for target, start in ((5000, 40), (20000, 40), (777, 5)):
+        sel = np.zeros(500, dtype=bool)
+        sel[np.argsort(-priority)[:start]] = True
+        out = fit_tokens(sel, priority, tokens, target)
+        total = tokens[out].sum()
+        assert total <= target
+        assert (tokens[~out] > target - total).all()  # no unselected document still fits
+
+
+# ------------------------------------------------------------------ statistics
+@pytest.mark.parametrize("term", ["Pair_simi", "DiSF"])
+def test_statistics_give_the_engines_f(term):
+    x, q, ids, _ = _corpus(600, 24)
+    cfg = LearnerConfig.profile("pipeline", algorithm=term, lamb=0.3)
+    ground = make_ground_set(x, q)
+    st = stats_for(term, 0.3, x.shape[1], ref=x[0])
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        idx = np.sort(rng.choice(600, 60, replace=False))
+        want = score_selection(ground, idx, cfg.diversity_term(), 0.3)
+        # added in two parts (two shards), as the corpus stage does
+        parts = st.add(st.add(st.zero(), st.rows(x[idx[:25]]), q[idx[:25]]),
+                       st.rows(x[idx[25:]]), q[idx[25:]])
+        got = st.f(parts, 60)
+        assert got["f"] == pytest.approx(want.f, rel=1e-5, abs=1e-7)
+        assert got["f_div"] == pytest.approx(want.f_div, rel=1e-5, abs=1e-7)
+    # each row's gain is the derivative of f along its contribution (a fraction ε of the row)
+    grad = st.gradient(parts, 60)
+    for j in np.setdiff1d(np.arange(600), idx)[:5]:
+        eps = 1e-6
+        one = st.add(st.zero(), st.rows(x[[j]]), q[[j]])
+        moved = {name: parts[name] + eps * one[name] for name in parts}
+        numeric = (st.f(moved, 60)["f"] - got["f"]) / eps
+        assert st.gains(grad, st.rows(x[[j]]), q[[j]])[0] == pytest.approx(numeric, rel=1e-3,
+                                                                             abs=1e-6)
+
+
+# ------------------------------------------------------------------ the cuts
+CASES = [("Pair_simi", 3000, 32, ("gather", "exchange")),
+         ("Facility", 2000, 32, ("gather",)),
+         ("DiSF", 1500, 128, ("gather", "exchange"))]
+
+
+@pytest.mark.parametrize("term,n,dim,modes", CASES, ids=[c[0] for c in CASES])
+def test_corpus_modes_close_the_gap_on_every_cut(term, n, dim, modes):
+    torch.manual_seed(0)
+    x, q, ids, source = _corpus(n, dim)
+    cfg = LearnerConfig.profile("pipeline", algorithm=term, lamb=LAMB)
+    tm = cfg.diversity_term()
+    k = round(RATIO * n)
+    ground = make_ground_set(x, q)
+    f_g = score_selection(ground, greedy(x, q, k, tm, LAMB), tm, LAMB).f
+    f_t = score_selection(ground, quality_topk(q, k, ids), tm, LAMB).f
+    cuts = make_cuts(q, source, 6, seed=0)
+    assert len({len(r) for r in cuts["by_source"]}) > 1  # uneven sizes
+    gathered = {}
+    for cut, files in cuts.items():
+        per = select_corpus(_shards(x, q, ids, files), cfg, CorpusBudget("fraction", RATIO),
+                            mode="per_shard")
+        f_per = score_selection(ground, _union(per, files), tm, LAMB).f
+        for mode in modes:
+            res = select_corpus(_shards(x, q, ids, files), cfg, CorpusBudget("fraction", RATIO),
+                                mode=mode)
+            u = _union(res, files)
+            assert u.size == k and np.unique(u).size == k  # exact budget, no row twice
+            f = score_selection(ground, u, tm, LAMB).f
+            assert res.scores["selection"]["f"] == pytest.approx(f, rel=1e-5)
+            assert gap_closed(f, f_t, f_g) >= 0.98, (cut, mode, gap_closed(f, f_t, f_g))
+            assert f >= f_per - 1e-7  # never below the paper's independent blocks
+            if mode == "gather":
+                gathered[cut] = np.sort(ids[u])
+        if cut == "sorted_by_quality":  # one shard far better than the rest: per-file fails
+            assert gap_closed(f_per, f_t, f_g) < 0.9
+    # gather selects the same rows however the corpus was cut
+    assert all(np.array_equal(v, gathered["by_source"]) for v in gathered.values())
+
+
+def test_exchange_moves_the_budget_to_the_better_shard():
+    x, q, ids, source = _corpus(2000, 32)
+    files = make_cuts(q, source, 4)["sorted_by_quality"]
+    cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi", lamb=0.7)
+    res = select_corpus(_shards(x, q, ids, files), cfg, CorpusBudget.of(select_rows=200),
+                        mode="exchange")
+    counts = [res.counts[f"f{i:02d}"] for i in range(4)]
+    assert sum(counts) == 200 and counts[0] > 100 > counts[3]
+    assert res.converged and len(res.rounds) >= 2
+    fs = [r["f"] for r in res.rounds]
+    assert all(b >= a for a, b in zip(fs, fs[1:]))  # f never falls
+    assert res.rounds[0]["f_before"] < fs[-1]
+
+
+def test_token_budget_is_met_within_one_document():
+    x, q, ids, source = _corpus(1500, 16)
+    rng = np.random.default_rng(2)
+    tokens = rng.integers(50, 2000, size=1500)
+    files = make_cuts(q, source, 3)["by_source"]
+    cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi")
+    target = int(tokens.sum() * 0.1)
+    for mode in ("gather", "exchange", "per_shard"):
+        res = select_corpus(_shards(x, q, ids, files, tokens), cfg,
+                            CorpusBudget.of(select_tokens=target), mode=mode)
+        u = _union(res, files)
+        total = int(tokens[u].sum())
+        assert total <= target and target - total < tokens.max(), mode
+        unselected = np.setdiff1d(np.arange(1500), u)
+        assert (tokens[unselected] > target - total).all(), mode
+        assert res.tokens == {"target": target, "selected": total, "corpus": int(tokens.sum()),
+                              "largest_document": int(tokens.max())}
+        assert res.scores["selection"]["f"] > res.scores["random"]["f"]
+
+
+def test_auto_picks_by_size_and_term():
+    x, q, ids, source = _corpus(1200, 16)
+    files = make_cuts(q, source, 3)["random_blocks"]
+    b = CorpusBudget("fraction", RATIO)
+    pair = LearnerConfig.profile("pipeline", algorithm="Pair_simi")
+    assert select_corpus(_shards(x, q, ids, files), pair, b).mode == "gather"
+    big = select_corpus(_shards(x, q, ids, files), pair, b, gather_max_rows=1000)
+    assert big.mode == "exchange" and big.scored_by.startswith("sufficient statistics")
+    fac = select_corpus(_shards(x, q, ids, files),
+                        LearnerConfig.profile("pipeline", algorithm="Facility"), b,
+                        gather_max_rows=1000)
+    assert fac.mode == "per_shard" and any("no corpus statistics" in n for n in fac.notes)
+    assert fac.scores is None  # facility's whole-corpus f needs every row at once
+    with pytest.raises(ConfigError, match="sufficient statistics"):
+        select_corpus(_shards(x, q, ids, files),
+                      LearnerConfig.profile("pipeline", algorithm="Facility"), b, mode="exchange")
+
+
+def test_random_blocks_follow_the_id_not_the_file():
+    ids = np.arange(10_000)
+    b1 = block_of(ids, 7, seed=0)
+    perm = np.random.default_rng(0).permutation(10_000)
+    assert np.array_equal(block_of(ids[perm], 7, seed=0), b1[perm])
+    assert np.bincount(b1).min() > 10_000 / 7 * 0.9
+    assert not np.array_equal(block_of(ids, 7, seed=1), b1)  # keyed
+    s = block_of(np.array([f"doc-{i}" for i in range(300)], dtype=object), 3)
+    assert set(s.tolist()) == {0, 1, 2}
+
+
+def test_exchange_spills_shards_when_the_corpus_does_not_fit(tmp_path):
+    x, q, ids, source = _corpus(1500, 16)
+    files = make_cuts(q, source, 3)["by_source"]
+    cfg = LearnerConfig.profile("pipeline", algorithm="DiSF")
+    held = select_corpus(_shards(x, q, ids, files), cfg, CorpusBudget("fraction", RATIO),
+                         mode="exchange")
+    spilled = select_corpus(_shards(x, q, ids, files), cfg, CorpusBudget("fraction", RATIO),
+                            mode="exchange", gather_max_rows=100, workdir=str(tmp_path))
+    assert all(np.array_equal(held.selected[k], spilled.selected[k]) for k in held.selected)
+    assert list(tmp_path.iterdir()) == []  # the spilled copies are removed
