@@ -1,0 +1,146 @@
+"""The corpus stage through dg.materialize: features and checks per shard, then one selection
+over every shard that passed (corpus_selection) and each shard's selected rows
+(corpus_subset): exact budget, lineage to raw file and row, a failed shard left out and said
+so, unchanged shards not rewritten, a removed shard's rows gone, an interrupted subset resumed."""
+
+import json
+import os
+
+import dagster as dg
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from assets.corpus import CorpusConfig, corpus_selection, corpus_subset
+from assets.partitions import register_shards
+
+from .helpers import ALL_ASSETS, KEYS, ROWS
+
+ASSETS = ALL_ASSETS + [corpus_selection, corpus_subset]
+BAD = "shard_bad"
+
+
+def _features(instance, resources, key):
+    return dg.materialize(ASSETS, partition_key=key, instance=instance, resources=resources,
+                          selection=dg.AssetSelection.assets("features"), raise_on_error=False)
+
+
+def _corpus(instance, resources, raise_on_error=True, **knobs):
+    cfg = CorpusConfig(**{"algorithm": "Pair_simi", **knobs})
+    return dg.materialize(ASSETS, instance=instance, resources=resources,
+                          selection=dg.AssetSelection.assets("corpus_selection", "corpus_subset"),
+                          run_config=dg.RunConfig({"corpus_selection": cfg}),
+                          raise_on_error=raise_on_error)
+
+
+def _meta(result, key):
+    for ev in result.get_asset_materialization_events():
+        if ev.asset_key.to_user_string() == key:
+            return ev.materialization.metadata
+    raise KeyError(key)
+
+
+@pytest.fixture
+def prepared(instance, corpus, data_root, resources):
+    """The tiny corpus plus a shard whose quality breaks a blocking check; features run for
+    every shard."""
+    t = pq.read_table(data_root.raw_shard(KEYS[0]))
+    q = t.column("quality_score").to_numpy().copy()
+    q[3] = np.nan
+    bad = t.set_column(t.schema.get_field_index("quality_score"), "quality_score", pa.array(q))
+    bad = bad.set_column(0, "chunk_id", pc.add(bad.column("chunk_id"), 10_000))
+    pq.write_table(bad, os.path.join(data_root.raw_root, f"{BAD}.parquet"))
+    register_shards(instance, data_root.raw_root)
+    for key in KEYS + [BAD]:
+        r = _features(instance, resources, key)
+        assert (key == BAD) != all(e.passed for e in r.get_asset_check_evaluations())
+    return data_root
+
+
+def _selected_ids(data_root, keys):
+    out = []
+    for key in keys:
+        out += pq.read_table(data_root.corpus_selected(key)).column("chunk_id").to_pylist()
+    return out
+
+
+def test_corpus_stage_end_to_end(prepared, instance, resources):
+    data_root = prepared
+    result = _corpus(instance, resources, select_rows=100)
+    meta = _meta(result, "corpus_selection")
+    assert meta["mode"].value == "gather" and meta["rows_selected"].value == 100
+    assert meta["incomplete"].value is True
+    assert BAD in meta["excluded_shards"].value and "checks not passed" in meta["excluded_shards"].value[BAD]
+    assert "Pair_simi" in meta["whole_corpus_scores"].value and "corpus gather" in meta["whole_corpus_scores"].value
+
+    sel = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    assert sel.num_rows == 100 and BAD not in set(sel.column("partition_key").to_pylist())
+    pairs = list(zip(sel.column("partition_key").to_pylist(), sel.column("row").to_pylist()))
+    assert len(set(pairs)) == 100
+    # lineage: every selected row points at its raw file and row
+    for key, raw_uri, row, id_ in zip(*(sel.column(c).to_pylist() for c in sel.column_names)):
+        assert raw_uri == data_root.raw_shard(key)
+    raw = {k: pq.read_table(data_root.raw_shard(k)) for k in KEYS}
+    for key, row, id_ in zip(sel.column("partition_key").to_pylist(), sel.column("row").to_pylist(),
+                             sel.column("id").to_pylist()):
+        assert str(raw[key].column("chunk_id")[row].as_py()) == id_
+
+    # the subsets: every raw column, exactly the selected rows, no row twice
+    got = _selected_ids(data_root, KEYS)
+    assert sorted(map(str, got)) == sorted(sel.column("id").to_pylist())
+    assert not os.path.exists(data_root.corpus_selected(BAD))
+    sub = pq.read_table(data_root.corpus_selected(KEYS[0]))
+    assert sub.schema.names == raw[KEYS[0]].schema.names
+    smeta = _meta(result, "corpus_subset")
+    assert sorted(smeta["rewritten_shards"].value) == KEYS
+    assert "| web |" in smeta["source_shares"].value or "| code |" in smeta["source_shares"].value
+    summary = json.loads(open(os.path.join(data_root.corpus_dir(), "selection.json")).read())
+    assert sum(summary["counts"].values()) == 100 and summary["excluded"].keys() == {BAD}
+
+    # nothing changed: no subset is rewritten
+    again = _corpus(instance, resources, select_rows=100)
+    assert _meta(again, "corpus_subset")["rewritten_shards"].value == []
+
+    # an interrupted subset step (one file and the manifest lost): resumed, nothing lost
+    os.remove(data_root.corpus_selected(KEYS[1]))
+    os.remove(os.path.join(data_root.corpus_dir(), "subsets.json"))
+    dg.materialize(ASSETS, instance=instance, resources=resources,
+                   selection=dg.AssetSelection.assets("corpus_subset"))
+    assert sorted(map(str, _selected_ids(data_root, KEYS))) == sorted(sel.column("id").to_pylist())
+
+    # a shard removed from the raw location: its rows leave the selection, the budget holds
+    os.remove(data_root.raw_shard(KEYS[2]))
+    third = _corpus(instance, resources, select_rows=100)
+    sel3 = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    assert sel3.num_rows == 100 and set(sel3.column("partition_key").to_pylist()) <= set(KEYS[:2])
+    assert not os.path.exists(data_root.corpus_selected(KEYS[2]))
+    assert _meta(third, "corpus_subset")["removed_shards"].value == [KEYS[2]]
+    assert len(_selected_ids(data_root, KEYS[:2])) == 100
+
+
+def test_impossible_budget_fails_readably_and_keeps_the_last_selection(prepared, instance,
+                                                                         resources):
+    data_root = prepared
+    _corpus(instance, resources, select_ratio=0.1)
+    path = os.path.join(data_root.corpus_dir(), "selection.parquet")
+    before = open(path, "rb").read()
+    r = _corpus(instance, resources, raise_on_error=False, select_rows=3 * ROWS + 1)
+    assert not r.success
+    failure = [e for e in r.all_events if e.is_step_failure][0]
+    msg = failure.step_failure_data.error.message
+    assert "corpus_selection" in msg and "nothing to choose" in msg
+    assert open(path, "rb").read() == before
+
+
+def test_token_budget_through_the_asset(prepared, instance, resources):
+    data_root = prepared
+    words = sum(int(pc.sum(pc.list_value_length(pc.utf8_split_whitespace(
+        pq.read_table(data_root.raw_shard(k)).column("text")))).as_py()) for k in KEYS)
+    target = words // 10
+    result = _corpus(instance, resources, select_tokens=target, mode="exchange")
+    tokens = _meta(result, "corpus_selection")["tokens"].value
+    assert tokens["target"] == target and tokens["selected"] <= target
+    assert target - tokens["selected"] < tokens["largest_document"]
+    assert _meta(result, "corpus_selection")["mode"].value == "exchange"
