@@ -164,6 +164,19 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
             "dims": dims, "id_type": str(id_type), "embedding": embedded}
 
 
+def ingestion_failure(key: str, raw_uri: str, exc: Exception) -> dg.Failure:
+    """The ``features`` step's failure for bad input: a ``Failure`` (no retries: the same
+    file fails the same way) whose description names the partition, the file, the column
+    and the rule broken."""
+    md = {"raw_uri": dg.MetadataValue.path(str(raw_uri)), "error": type(exc).__name__}
+    if isinstance(exc, DataContractError):
+        md["rule"] = exc.rule
+        if exc.column is not None:
+            md["column"] = exc.column
+    return dg.Failure(description=f"partition {key!r}: ingestion failed: {exc}", metadata=md,
+                      allow_retries=False)
+
+
 def raw_rows(raw_uri: str) -> int | None:
     """The raw shard's row count from its parquet footer; None when it cannot be read (the
     ingestion then reports why)."""
@@ -243,11 +256,10 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
                               checkpoint_dir=embed_dir, expected_dim=contract.expected_dim,
                               progress=_embed_log(context, key))
     except (DataContractError, storage.StorageError, ConfigError) as exc:
-        raise dg.Failure(
-            description=f"partition {key!r}: ingestion failed: {exc}",
-            metadata={"raw_uri": dg.MetadataValue.path(str(raw_uri))},
-            allow_retries=False,
-        ) from exc
+        # One readable failure: the description is the whole reason (file, column, rule), so
+        # the engine's exception is not chained (it would print the same line and a second
+        # stack trace); the rule and column are metadata too.
+        raise ingestion_failure(key, raw_uri, exc) from None
     context.log.info(f"partition {key}: {info['rows']} rows, {info['bytes']} bytes -> {out_uri}")
     embedded = info["embedding"]
     if embedded is not None:

@@ -137,6 +137,8 @@ def scores_markdown(scores: dict, term: str, lamb: float) -> str:
 
 
 def _fail(key: str, exc: Exception, what: str) -> dg.Failure:
+    """A readable failure without retries; raised ``from None`` where the description already
+    says everything, so the cause's line and stack trace are not printed a second time."""
     return dg.Failure(description=f"partition {key!r}: {what}: {exc}", allow_retries=False)
 
 
@@ -161,7 +163,7 @@ def valid_config(config: MaskConfig, key: str) -> LearnerConfig:
     try:
         return config.learner_config()
     except ConfigError as exc:
-        raise _fail(key, exc, "invalid configuration") from exc
+        raise _fail(key, exc, "invalid configuration") from None
 
 
 def checked_features(data_root: DataRoot, contract: DataContract, key: str):
@@ -174,7 +176,7 @@ def checked_features(data_root: DataRoot, contract: DataContract, key: str):
     try:
         return read_features(uri, contract)
     except DataContractError as exc:
-        raise _fail(key, exc, "features do not satisfy the data contract") from exc
+        raise _fail(key, exc, "features do not satisfy the data contract") from None
 
 
 def preflight(learner: MaskLearner, shard, cfg: LearnerConfig, key: str, log) -> dict:
@@ -190,7 +192,7 @@ def preflight(learner: MaskLearner, shard, cfg: LearnerConfig, key: str, log) ->
                                     resident_bytes=int(getattr(shard.embeddings, "nbytes", 0)))
         device = learner.torch_device()
     except (ConfigError, DeviceError) as exc:
-        raise _fail(key, exc, "cannot run this configuration here") from exc
+        raise _fail(key, exc, "cannot run this configuration here") from None
     log.info(
         f"partition {key}: n={shard.n} d={shard.d} k={cfg.sizes(shard.n)['k']} "
         f"term={cfg.term_label} λ={cfg.lamb} solver={cfg.solver} device={device} "
