@@ -129,7 +129,10 @@ def freshness_policy() -> dg.FreshnessPolicy | None:
 
 def automate(assets: list) -> list:
     """``automate_with`` the crons of the environment (``DATAMASK_REFRESH_CRON``,
-    ``DATAMASK_CATALOG_CRON``) and its freshness setting (``DATAMASK_FRESHNESS_HOURS``)."""
+    ``DATAMASK_CATALOG_CRON``) and its freshness setting (``DATAMASK_FRESHNESS_HOURS``).
+    Called once when the definitions load: in a ``dagster``/``dg`` command without
+    ``DAGSTER_HOME`` it also warns and names the fix (``settings.warn_without_dagster_home``)."""
+    settings.warn_without_dagster_home()
     return automate_with(assets, refresh=refresh_cron(), catalog=catalog_cron(),
                          freshness=freshness_policy())
 

@@ -55,6 +55,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+import warnings
 from pathlib import Path
 
 ENV_DATA_ROOT = "DATAMASK_DATA_ROOT"
@@ -122,6 +124,37 @@ def ensure_dagster_home() -> str:
     if not os.path.exists(target) and template.is_file() and template.resolve() != Path(target).resolve():
         shutil.copyfile(template, target)
     return home
+
+
+def in_dagster_cli() -> bool:
+    """Whether this process is one of Dagster's command lines (``dagster``, ``dg``, or a
+    ``python -m dagster ...`` child such as the code server ``dagster dev`` starts)."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    name = os.path.basename(argv0)
+    return name in ("dagster", "dg") or argv0.replace(os.sep, "/").endswith(
+        ("dagster/__main__.py", "dagster_dg_cli/__main__.py"))
+
+
+def missing_dagster_home_message() -> str | None:
+    """When ``DAGSTER_HOME`` is not set: what that means for a ``dagster``/``dg`` command and
+    the line that fixes it; None when it is set."""
+    if is_set("DAGSTER_HOME"):
+        return None
+    home = str(repo_root() / ".dagster_home")
+    made = "" if os.path.isdir(home) else (
+        " (it is created by `.venv/bin/python -m datamask_pipeline.register`)")
+    return ("DAGSTER_HOME is not set: this Dagster command uses a throwaway instance, which has "
+            f"none of the shards registered in {home} and forgets its runs when the command "
+            f"ends. Run `export DAGSTER_HOME={home}` in this shell first{made}, then this "
+            "command again.")
+
+
+def warn_without_dagster_home() -> None:
+    """Warn, naming the fix, when a Dagster command line loads the definitions without
+    ``DAGSTER_HOME`` (it would then fail with "partition key ... not found" and no hint)."""
+    msg = missing_dagster_home_message()
+    if msg and in_dagster_cli():
+        warnings.warn(msg, UserWarning, stacklevel=3)
 
 
 def is_set(name: str) -> bool:

@@ -1,0 +1,119 @@
+"""Issue 20, items 3, 8 and 19: the README's sensor and backfill commands, run as written
+(from the fenced blocks of README.md) against a temporary DAGSTER_HOME, and the README's
+``dagster``/``dg`` commands from a new shell without DAGSTER_HOME (a warning naming the fix).
+
+* item 3: every ``dagster sensor`` command of the README runs, and starts or stops the sensor
+  in the code location ``dagster dev -w workspace.yaml`` runs (``datamask``), not in one named
+  after the module, which no daemon of ours would run;
+* item 8: the README's way of re-running many shards queues one run per shard in the
+  ``datamask`` location (for the daemon), from a list or from ``plan --keys``;
+* item 19: without DAGSTER_HOME, ``dagster asset materialize`` and ``dg launch`` say which
+  ``export`` line to run.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from datamask_pipeline import settings
+from datamask_pipeline.engine.sample import generate_corpus
+
+REPO = settings.repo_root()
+BIN = Path(sys.executable).parent
+README = (REPO / "README.md").read_text()
+_FAST_TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def readme_commands(word: str) -> list:
+    """The command lines of the README's fenced bash blocks that contain ``word``
+    (backslash continuations joined), with ``.venv/bin/`` pointing at this interpreter's."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if word in line:
+                out.append(line.replace(".venv/bin/", f"{BIN}/"))
+    return out
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATAMASK_", "DAGSTER_"))}
+    env.update(PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _sh(line: str, env: dict, timeout=180) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", line], cwd=str(REPO), env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _ok(line: str, env: dict) -> str:
+    out = _sh(line, env)
+    assert out.returncode == 0, f"{line}\n{out.stdout[-3000:]}\n{out.stderr[-4000:]}"
+    return out.stdout
+
+
+@pytest.fixture
+def home_env(tmp_path):
+    """A user's shell: DAGSTER_HOME exported (a temporary one), two registered shards."""
+    with tempfile.TemporaryDirectory(dir=_FAST_TMP, prefix="datamask-readme-home-") as home:
+        env = _env(DAGSTER_HOME=home, DATAMASK_DATA_ROOT=str(tmp_path / "data"),
+                   DATAMASK_DEVICE="cpu", DATAMASK_EMBEDDING_DIM="16")
+        generate_corpus(str(tmp_path / "data" / "raw"), n_shards=2, rows_per_shard=200, dim=16,
+                        seed=1)
+        _ok(f"{BIN}/python -m datamask_pipeline.register", env)
+        yield env
+
+
+def _states(listing: str) -> dict:
+    return dict(re.findall(r"Sensor: (\w+) \[(\w+)\]", listing))
+
+
+def test_readme_sensor_commands_run_and_reach_the_daemons_location(home_env):
+    lines = readme_commands("dagster sensor ")
+    assert [ln.split()[2] for ln in lines] == ["start", "start", "list", "stop"], lines
+    assert "sensor start -m" not in README and "sensor stop -m" not in README
+    outputs = [_ok(line, home_env) for line in lines]
+    # `sensor list` ran after both starts
+    assert _states(outputs[2]) == {"raw_shard_sensor": "RUNNING",
+                                   "datamask_automation": "RUNNING",
+                                   "shard_failure_sensor": "RUNNING"}
+    # the states belong to the location `dagster dev -w workspace.yaml` runs
+    with dg.DagsterInstance.from_config(home_env["DAGSTER_HOME"]) as inst:
+        states = {s.name: (s.origin.repository_origin.code_location_origin.location_name,
+                           s.status.value) for s in inst.all_instigator_state()}
+    assert states == {"raw_shard_sensor": ("datamask", "RUNNING"),
+                      "datamask_automation": ("datamask", "STOPPED")}
+
+
+def test_readme_backfill_commands_queue_one_run_per_shard(home_env):
+    lines = readme_commands("dagster job backfill")
+    assert len(lines) == 2 and all("-w workspace.yaml" in ln for ln in lines), lines
+    for line in lines:
+        _ok(line, home_env)
+    with dg.DagsterInstance.from_config(home_env["DAGSTER_HOME"]) as inst:
+        backfills = inst.get_backfills()
+        runs = inst.get_runs()
+    assert sorted(sorted(b.partition_names) for b in backfills) == [
+        ["shard_000", "shard_001"], ["shard_000", "shard_001"]]  # named; from `plan --keys`
+    assert len(runs) == 4
+    for run in runs:
+        assert run.status == dg.DagsterRunStatus.QUEUED  # for the daemon, not run in the shell
+        assert run.job_name == "datamask_job"
+        assert run.tags["dagster/code_location"] == "datamask"
+
+
+@pytest.mark.parametrize("word", ["dagster asset materialize", "dg launch --assets"])
+def test_a_new_shell_without_dagster_home_is_told_the_fix(word, tmp_path):
+    line = next(ln for ln in readme_commands(word) if "--partition shard_000" in ln)
+    env = _env(DATAMASK_DATA_ROOT=str(tmp_path / "data"))
+    out = _sh(line.split(" #")[0], env)
+    assert out.returncode != 0
+    text = " ".join((out.stdout + out.stderr).split())
+    assert "DAGSTER_HOME is not set" in text
+    assert f"export DAGSTER_HOME={REPO / '.dagster_home'}" in text
