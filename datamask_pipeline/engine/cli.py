@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -119,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="declared upper bound of every quality column (inclusive)")
     ex.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
     ex.add_argument("--threads", type=int, default=0,
-                    help="torch CPU threads (0: torch's default)")
+                    help="torch CPU threads (0, the default: the cores not already busy when "
+                         "the run starts, from the load average; OMP_NUM_THREADS, when set, "
+                         "is kept)")
     ex.add_argument("--checkpoint", default=None, help="checkpoint file (resumed if it matches)")
     ex.add_argument("--checkpoint-every", type=int, default=100)
     ex.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
@@ -138,24 +141,124 @@ def config_from_args(args) -> LearnerConfig:
 
 
 class ProgressBar:
-    """The learner's progress as a tqdm bar on stderr, with the objective as its postfix."""
+    """The learner's progress as a tqdm bar on stderr, with the objective as its postfix.
+
+    One ETA: the learner's own (its mean step rate since the start, evaluation excluded), in
+    place of tqdm's smoothed one. The last step's line is drawn once, by ``close``."""
+
+    # tqdm's default format without its own remaining-time estimate
+    FORMAT = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
         self.bar = None
+        self.closed = False
 
     def __call__(self, p) -> None:
         from tqdm import tqdm
 
+        if self.closed:
+            return
         if self.bar is None:
             self.bar = tqdm(total=p.n_steps, file=self.stream, desc="train_mask", unit="step",
-                            mininterval=1.0, dynamic_ncols=True)
+                            mininterval=1.0, dynamic_ncols=True, bar_format=self.FORMAT)
         self.bar.set_postfix_str(
             f"lr={p.lr:.3g} f_mean={p.mean_f:.5g} f_best={p.best_f:.5g} "
-            f"qua={p.mean_f_qua:.4g} div={p.mean_f_div:.4g} eta={p.eta_s:.1f}s", refresh=False)
-        self.bar.update(p.step - self.bar.n)
+            f"qua={p.mean_f_qua:.4g} div={p.mean_f_div:.4g} "
+            f"eta={tqdm.format_interval(p.eta_s)}", refresh=False)
         if p.step >= p.n_steps:
+            self.bar.n = p.step  # no refresh here: close() draws the final line, once
             self.bar.close()
+            self.closed = True
+        else:
+            self.bar.update(p.step - self.bar.n)
+
+
+def choose_threads(requested: int, environ=None, cores: int | None = None,
+                   load: float | None = None) -> tuple[int | None, str]:
+    """torch's CPU threads for this run and why: ``--threads N`` as given; OMP_NUM_THREADS or
+    MKL_NUM_THREADS when set (None: leave torch as it is); else the cores not already busy,
+    from the 1-minute load average (at least 1). Intra-op threads that wait for cores held by
+    other processes make a run slower than fewer threads would (2.4x at 2 threads on a loaded
+    2-core machine)."""
+    if requested and requested > 0:
+        return requested, "--threads"
+    env = os.environ if environ is None else environ
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        if env.get(var):
+            return None, f"{var}={env[var]}"
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (OSError, AttributeError):
+            load = 0.0
+    idle = max(1, min(cores, int(cores - load + 0.5)))
+    return idle, f"{cores} cores, load average {load:.1f}"
+
+
+def _fmt_seconds(s: float) -> str:
+    if s < 1:
+        return "under a second"
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def learning_cost(shard, cfg: LearnerConfig, device, dtype, probe_steps: int = 5) -> dict | None:
+    """What the run's learner will cost, measured before it starts: ``probe_steps`` steps
+    of the same configuration on the same device (their time, the first step's warm-up
+    excluded) extrapolated to ``n_epochs``. None when the route runs no learning steps."""
+    from .config import LEARNING_SOLVERS
+    from .learner import learn
+    from .select import route_for
+
+    route, _ = route_for(cfg, shard.n, device)
+    if route not in LEARNING_SOLVERS or cfg.lamb == 1.0:
+        return None
+    steps = min(cfg.n_epochs, max(2, probe_steps))
+    seen = []
+    learn(shard.embeddings, shard.quality, cfg, device=device, dtype=dtype, max_steps=steps,
+          progress=lambda p: seen.append(p.elapsed_s), progress_every=1)
+    per_step = (seen[-1] - seen[0]) / max(1, len(seen) - 1) if len(seen) > 1 else seen[-1]
+    return {"route": route, "steps": cfg.n_epochs, "probe_steps": steps,
+            "seconds_per_step": per_step, "learn_s": per_step * cfg.n_epochs}
+
+
+def announce(shard, cfg: LearnerConfig, device, threads: tuple, dtype, stream=None) -> dict | None:
+    """Tell the user, before the work starts, what the run is and what it will cost."""
+    from .select import route_for
+
+    stream = stream or sys.stderr
+    sz = cfg.sizes(shard.n)
+    route, _ = route_for(cfg, shard.n, device)
+    n_threads, why = threads
+    where = str(device)
+    if device.type == "cpu":
+        import torch
+
+        where += f", {torch.get_num_threads() if n_threads is None else n_threads} torch thread(s) ({why})"
+    print(f"train_mask: n={shard.n:,} d={shard.d} k={sz['k']:,}, {cfg.term_label}, solver "
+          f"{cfg.solver} -> {route}, on {where}", file=stream)
+    cost = learning_cost(shard, cfg, device, dtype)
+    if cost is None:
+        print("train_mask: no learning steps on this route (seconds to minutes of selection "
+              "and polish, see the README's Measured section)", file=stream)
+        return None
+    print(f"train_mask: {cost['steps']:,} learning steps of {cfg.n_rollout} masks of "
+          f"{sz['k_batch']:,} from batches of {sz['batch']:,} rows; "
+          f"{cost['seconds_per_step']:.2g} s a step over a {cost['probe_steps']}-step probe: "
+          f"about {_fmt_seconds(cost['learn_s'])} of learning"
+          + (" plus the polish" if route.endswith("+polish") else ""), file=stream)
+    if device.type == "cpu" and cost["learn_s"] > 120:
+        print("train_mask: the learner is slow on CPU; faster here: --profile pipeline "
+              "(solver auto, no learning steps) or fewer steps (--n_epochs 400 --n_rollout 64, "
+              "the CPU demo preset)", file=stream)
+    return cost
 
 
 class EmbedProgressBar:
@@ -210,8 +313,11 @@ def run(args) -> dict:
     t0 = time.perf_counter()
     cfg = config_from_args(args)
     device = resolve_device(args.device)
-    if args.threads and args.threads > 0:
-        torch.set_num_threads(args.threads)
+    threads = (None, "CUDA run")
+    if device.type == "cpu":
+        threads = choose_threads(args.threads)
+        if threads[0] is not None:
+            torch.set_num_threads(threads[0])
     qcols = tuple(args.quality_column or ["quality_score"])
     weights = None
     if args.quality_weights:
@@ -246,6 +352,9 @@ def run(args) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = True
     if args.checkpoint and args.no_resume:
         storage.remove(args.checkpoint)
+    resuming = bool(args.checkpoint) and storage.exists(args.checkpoint)
+    if not args.no_progress and not resuming:
+        announce(shard, cfg, device, threads, dtype)
     sel = select_shard(
         shard, cfg, device=device, dtype=dtype, checkpoint_path=args.checkpoint,
         checkpoint_every=args.checkpoint_every if args.checkpoint else 0,
