@@ -79,10 +79,10 @@ def test_register_then_dagster_asset_materialize(cli_env):
     # the chain of one partition, with its blocking checks, from the CLI
     _run([str(BIN / "dagster"), "asset", "materialize", "-m", "datamask_pipeline.definitions",
           "--select", "features,mask,selected_subset", "--partition", "shard_000"], cli_env)
-    selected = pq.read_table(data / "selected" / "shard_000.parquet")
+    selected = pq.read_table(data / "selected_per_shard" / "shard_000.parquet")
     raw_table = pq.read_table(data / "raw" / "shard_000.parquet")
     assert selected.num_rows == round(0.1 * ROWS) and selected.schema == raw_table.schema
-    assert not (data / "selected" / "shard_001.parquet").exists()
+    assert not (data / "selected_per_shard" / "shard_001.parquet").exists()
 
     # the mask step alone, with a config from the command line
     _run([str(BIN / "dagster"), "asset", "materialize", "-m", "datamask_pipeline.definitions",
@@ -103,11 +103,12 @@ def test_register_then_dagster_asset_materialize(cli_env):
 
 def test_demo_command(cli_env):
     out = _run([sys.executable, "-m", "datamask_pipeline.demo", "--shards", "2", "--rows",
-                str(ROWS), "--dim", str(DIM)], cli_env, timeout=300)
+                str(ROWS), "--dim", str(DIM), "--per-shard-chain"], cli_env, timeout=300)
     data = Path(cli_env["DATAMASK_DATA_ROOT"])
     for key in ("shard_000", "shard_001"):
-        assert str(data / "selected" / f"{key}.parquet") in out.stdout
-        assert pq.read_metadata(data / "selected" / f"{key}.parquet").num_rows == round(0.1 * ROWS)
+        path = data / "selected_per_shard" / f"{key}.parquet"
+        assert str(path) in out.stdout
+        assert pq.read_metadata(path).num_rows == round(0.1 * ROWS)
         assert os.path.isfile(data / "reports" / key / "report.html")
     assert "f DATAMASK" in out.stdout and "total" in out.stdout
     assert (data / "catalog.duckdb").is_file()
@@ -171,11 +172,12 @@ def test_dagster_dev_graphql_and_cli_backfill(cli_env, tmp_path):
         assert nodes, (tmp_path / "dagster_dev.log").read_text()[-4000:]
         by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes}
         assert set(by_key) == {"raw_shard", "features", "mask", "shard_report", "selected_subset",
-                               "corpus_summary"}
+                               "corpus_summary", "corpus_selection", "corpus_subset"}
         for key in ("raw_shard", "features", "mask", "selected_subset"):
             assert by_key[key]["isPartitioned"] and by_key[key]["groupName"] == "datamask"
             assert by_key[key]["partitionKeys"] == ["shard_000", "shard_001"]
-        assert not by_key["corpus_summary"]["isPartitioned"]
+        for key in ("corpus_summary", "corpus_selection", "corpus_subset"):
+            assert not by_key[key]["isPartitioned"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as resp:
             assert resp.status == 200
 
@@ -199,7 +201,7 @@ def test_dagster_dev_graphql_and_cli_backfill(cli_env, tmp_path):
             (a0, a1), (b0, b1) = sorted(_mask_step_windows(inst, r.run_id) for r in runs)
             assert a1 <= b0  # one mask step at a time
         for key in ("shard_000", "shard_001"):
-            assert pq.read_metadata(data / "selected" / f"{key}.parquet").num_rows == round(0.1 * ROWS)
+            assert pq.read_metadata(data / "selected_per_shard" / f"{key}.parquet").num_rows == round(0.1 * ROWS)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -216,7 +218,8 @@ def test_dg_check_list_and_launch(cli_env):
     _run([str(BIN / "dg"), "check", "defs"], cli_env)
     listed = json.loads(_run([str(BIN / "dg"), "list", "defs", "--json"], cli_env).stdout)
     assert {a["asset_key"] for a in listed["assets"]} == {
-        "raw_shard", "features", "mask", "shard_report", "selected_subset", "corpus_summary"}
+        "raw_shard", "features", "mask", "shard_report", "selected_subset", "corpus_summary",
+        "corpus_selection", "corpus_subset"}
     _register(cli_env)
     _run([str(BIN / "dg"), "launch", "--assets", "features", "--partition", "shard_001"], cli_env)
     data = Path(cli_env["DATAMASK_DATA_ROOT"])

@@ -32,6 +32,13 @@ EXPECTED_ASSETS = {
     "corpus_summary": dict(group="corpus", deps=["mask", "selected_subset", "shard_report"],
                            partitions=None, kinds=["duckdb"], code_version="catalog-2",
                            executable=True),
+    # the corpus stage: one selection over every shard, then each shard's rows
+    "corpus_selection": dict(group="corpus", deps=["features"], partitions=None,
+                             kinds=["parquet", "pytorch"], code_version="corpus-1",
+                             executable=True),
+    "corpus_subset": dict(group="corpus", deps=["corpus_selection", "raw_shard"],
+                          partitions=None, kinds=["parquet", "pyarrow"], code_version="corpus-1",
+                          executable=True),
 }
 EXPECTED_CHECKS = {
     ("features", name): {"blocking": True}
@@ -41,6 +48,8 @@ EXPECTED_CHECKS = {
 EXPECTED_JOBS = {
     "datamask_job": ["features", "mask", "selected_subset", "shard_report"],
     "corpus_summary_job": ["corpus_summary"],
+    "features_job": ["features"],
+    "corpus_job": ["corpus_selection", "corpus_subset"],
 }
 # the presets' jobs run the same chain as datamask_job
 EXPECTED_JOBS.update({name: EXPECTED_JOBS["datamask_job"]
@@ -147,6 +156,7 @@ def test_assets_carry_owners_stage_tags_and_freshness():
         stages[key.to_user_string()] = node.tags.get("datamask/stage")
     assert stages == {"raw_shard": "ingest", "features": "ingest", "mask": "learn",
                       "selected_subset": "select", "corpus_summary": "report",
-                      "shard_report": "report"}
+                      "shard_report": "report", "corpus_selection": "learn",
+                      "corpus_subset": "select"}
     for name in ("selected_subset", "corpus_summary"):
         assert graph.get(dg.AssetKey(name)).freshness_policy is None

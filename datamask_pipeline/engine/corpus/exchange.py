@@ -59,14 +59,16 @@ def exchange_rounds(
     *,
     candidates: int = 4096,
     max_rounds: int = 50,
+    rtol: float = 1e-7,
     time_budget_s: float | None = None,
     on_round: Callable | None = None,
 ) -> ExchangeResult:
     """Run exchange rounds from ``selected`` (per shard bool masks, k members in all).
 
     ``shards`` are (x, q) pairs per shard (arrays or memory maps, read one chunk at a time);
-    only the candidates' rows are held at once. Stops when a round accepts no swap
-    (``converged``), after ``max_rounds``, or when ``time_budget_s`` runs out."""
+    only the candidates' rows are held at once. Stops when a round accepts no swap or raises
+    f by less than ``rtol`` · |f| (``converged``), after ``max_rounds``, or when
+    ``time_budget_s`` runs out."""
     t_start = time.perf_counter()
     sel = [np.asarray(s, dtype=bool).copy() for s in selected]
     if sum(int(s.sum()) for s in sel) != k:
@@ -144,7 +146,7 @@ def exchange_rounds(
         out.rounds.append(info)
         if on_round is not None:
             on_round(info)
-        if not swaps:
+        if not swaps or f_now - f_before < rtol * max(abs(f_now), 1e-12):
             out.converged = True
             break
         if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
