@@ -34,6 +34,21 @@ def test_demo_selects_for_the_corpus_of_a_data_root_with_parquet_files(tmp_path)
     assert sorted(p.name for p in root.glob("*.parquet")) == [f"shard_00{i}.parquet" for i in range(3)]
     assert not (root / "raw").exists()
 
+    # the README's re-selection command, on the same instance and data root
+    readme = open(os.path.join(REPO, "README.md")).read()
+    block = readme[readme.index("dagster asset materialize -m datamask_pipeline.definitions \\\n    --select corpus_selection"):]
+    config = block[block.index("--config-json '") + len("--config-json '"):]
+    config = config[:config.index("'")]
+    env.update({"DATAMASK_DATA_ROOT": str(root), "DATAMASK_RAW_ROOT": str(root)})
+    r = subprocess.run([os.path.join(os.path.dirname(sys.executable), "dagster"), "asset",
+                        "materialize", "-m", "datamask_pipeline.definitions", "--select",
+                        "corpus_selection,corpus_subset", "--config-json", config],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ids = [i for f in sorted(os.listdir(root / "selected"))
+           for i in pq.read_table(root / "selected" / f).column("chunk_id").to_pylist()]
+    assert len(ids) == 50 == len(set(ids))
+
 
 def test_demo_help_runs():
     r = subprocess.run([sys.executable, "-m", "datamask_pipeline.demo", "--help"], cwd=REPO,
