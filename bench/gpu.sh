@@ -28,6 +28,14 @@
 # The JSON is rewritten after every stage, so a run cut short by the time limit keeps what it
 # finished. Knobs (environment): N, D, STEPS, G, PARTIAL, POLISH_S, MEM_BUDGET_GIB, LIMIT_S,
 # TERMS, OUT, PY.
+#
+# Then (a separate process, SOLVERS_LIMIT_S, default 600 s; SOLVERS=0 skips it) it calibrates
+# `solver: auto` for this device: `python -m bench.solvers --device cuda ... --write-table`
+# measures every solver per term at SOLVER_SIZES (greedy, the reference, is skipped) and merges
+# the CUDA rules into TABLE (default datamask_pipeline/engine/solver_table.json), keeping the
+# CPU rules; results_solvers_gpu.json and REPORT_solvers_gpu.md land in $OUT, with a copy of the
+# merged table. The dry run does the same on 1,500 rows on the CPU into $OUT/solver_table.json (a
+# copy of the committed table), never into the committed one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DRY=${DRY:-0}
@@ -212,4 +220,31 @@ sys.exit(4 if failed else 0)
 EOF
 rc=$?
 [ "$rc" = 124 ] && echo "gpu.sh: cut at ${LIMIT_S}s; $OUT/results_gpu.json holds the stages that finished" >&2
+[ "$rc" = 2 ] && exit "$rc"  # no CUDA: nothing to calibrate either
+
+# auto's table for this device: measured here, merged into TABLE (the other devices' rules kept)
+if [ "${SOLVERS:-1}" = 1 ]; then
+  if [ "$DRY" = 1 ]; then
+    TABLE=${TABLE:-$OUT/solver_table.json}
+    [ -f "$TABLE" ] || cp datamask_pipeline/engine/solver_table.json "$TABLE"
+    SOLVERS_ARGS=(--quick --terms "${TERMS:-DiSF,Pair_simi,Facility}")  # n = 1,500, d = 16
+    SOLVERS_LIMIT_S=${SOLVERS_LIMIT_S:-120}
+  else
+    TABLE=${TABLE:-datamask_pipeline/engine/solver_table.json}
+    SOLVERS_ARGS=(--device cuda --sizes "${SOLVER_SIZES:-5000,20000,100000}" --reps 1
+                  --terms "${TERMS:-DiSF,Pair_simi,Facility}"
+                  --greedy-max-n DiSF=0 --greedy-max-n Facility=0 --greedy-max-n Pair_simi=0)
+    SOLVERS_LIMIT_S=${SOLVERS_LIMIT_S:-600}
+  fi
+  timeout --signal=TERM --kill-after=10 "$SOLVERS_LIMIT_S" "$PY" -m bench.solvers "${SOLVERS_ARGS[@]}" \
+    --out "$OUT" --tag solvers_gpu --write-table --table "$TABLE"
+  src=$?
+  if [ "$src" = 0 ]; then
+    [ "$TABLE" -ef "$OUT/solver_table.json" ] || cp "$TABLE" "$OUT/solver_table.json"
+    echo "gpu.sh: auto's table for this device merged into $TABLE" >&2
+  else
+    echo "gpu.sh: bench.solvers exited $src; $TABLE is unchanged" >&2
+    [ "$rc" = 0 ] && rc=5
+  fi
+fi
 exit "$rc"

@@ -8,8 +8,13 @@ Every (term, n) cell runs each solver ``reps`` times round-robin (so machine noi
 alike) and keeps the medians and the spread. Greedy (the engine's exact greedy) runs where
 ``--greedy-max-n`` allows; elsewhere its time is extrapolated from the growth fitted on the
 sizes where it ran, and labelled. ``--write-table`` turns the results into
-``datamask_pipeline/engine/solver_table.json``: per term and n, the fastest solver whose f is
-the best measured (within ``TIE`` relative), with the command that produced it.
+``datamask_pipeline/engine/solver_table.json``: per term, λ and n, the fastest solver whose f
+is the best measured (within ``TIE`` relative), with the command that produced it. The table
+is keyed by device: the rules of the device this run measured (``--device``: cpu, cuda) are
+merged in and every other device's rules are kept, so one run on a GPU machine adds GPU rules
+without touching the CPU ones (``engine.solver_table.merge``):
+
+    .venv/bin/python -m bench.solvers --device cuda --sizes 5000,20000,100000 --reps 1 --write-table
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ def run_cell(x, q, ids, term: str, opts) -> dict:
                             "swaps": (sel.polish or {}).get("swaps")})
             print(f"  {term} n={n} {s:15s} f={runs[s][-1]['f']:.7f} t={runs[s][-1]['time_s']:.2f}s"
                   + (f" guard: {sel.guard}" if sel.guard else ""), flush=True)
-    cell = {"term": term, "n": n, "d": int(x.shape[1]), "partial": partial,
+    cell = {"term": term, "n": n, "d": int(x.shape[1]), "lamb": float(opts.lamb), "partial": partial,
             "steps": opts.steps, "rollouts": opts.rollouts, "solvers": {}}
     for s, rs in runs.items():
         ts = [r["time_s"] for r in rs]
@@ -129,24 +134,45 @@ def best_route(cell: dict) -> dict:
     return {"solver": s, "f": tied[s]["f"], "time_s": tied[s]["time_s"], "f_best": f_best}
 
 
-def build_table(cells: list, command: str, results_path: str) -> dict:
-    """``solver_table.json``: per term, a list of {max_n, solver, why} (sizes between two
-    measured n go to the nearer one on a log scale; the last row covers every larger n)."""
+# Cells of results written before the bench recorded λ were all run at its default.
+DEFAULT_LAMB = 0.5
+
+
+def build_rules(cells: list) -> dict:
+    """{term: [{max_n, solver, why, lamb}]}: per term and λ measured, sizes between two
+    measured n go to the nearer one on a log scale; the last row covers every larger n."""
     rules: dict = {}
     for term in sorted({c["term"] for c in cells}):
-        mine = sorted((c for c in cells if c["term"] == term), key=lambda c: c["n"])
         rows = []
-        for i, c in enumerate(mine):
-            b = best_route(c)
-            nxt = mine[i + 1]["n"] if i + 1 < len(mine) else None
-            max_n = int(math.sqrt(c["n"] * nxt)) if nxt else 10**12
-            why = (f"measured at n={c['n']}: f={b['f']:.7g}, the best of the solvers measured, "
-                   f"in {b['time_s']:.3g}s")
-            rows.append({"max_n": max_n, "solver": b["solver"], "why": why})
+        for lamb in sorted({c.get("lamb", DEFAULT_LAMB) for c in cells if c["term"] == term}):
+            mine = sorted((c for c in cells if c["term"] == term and c.get("lamb", DEFAULT_LAMB) == lamb),
+                          key=lambda c: c["n"])
+            for i, c in enumerate(mine):
+                b = best_route(c)
+                nxt = mine[i + 1]["n"] if i + 1 < len(mine) else None
+                max_n = int(math.sqrt(c["n"] * nxt)) if nxt else 10**12
+                why = (f"measured at n={c['n']}: f={b['f']:.7g}, the best of the solvers measured, "
+                       f"in {b['time_s']:.3g}s")
+                rows.append({"max_n": max_n, "solver": b["solver"], "why": why, "lamb": float(lamb)})
         rules[term] = rows
-    return {"command": command, "results": results_path, "created": _dt.datetime.now().isoformat(timespec="seconds"),
-            "note": "written by bench/solvers.py --write-table; edit by re-running the bench",
-            "rules": {"cpu": rules}}
+    return rules
+
+
+def build_table(cells: list, command: str, results_path: str, device: str = "cpu",
+                table: dict | None = None, machine: dict | None = None) -> dict:
+    """``solver_table.json`` with this run's rules for ``device`` merged into ``table`` (the
+    committed table when written by ``--write-table``; empty when None): the other devices,
+    and the terms and λ values this run did not measure, are kept."""
+    from datamask_pipeline.engine import solver_table
+
+    m = machine or {}
+    source = {"command": command, "results": results_path,
+              "created": _dt.datetime.now().isoformat(timespec="seconds"),
+              "lamb": sorted({c.get("lamb", DEFAULT_LAMB) for c in cells}),
+              "machine": ", ".join(str(v) for v in (m.get("cuda_device") or m.get("cpu_model"),
+                                                    m.get("torch_threads") and f"{m['torch_threads']} torch threads")
+                                   if v)}
+    return solver_table.merge(table or {}, device, build_rules(cells), source)
 
 
 def markdown(cells: list, command: str, info: dict) -> str:
@@ -231,7 +257,11 @@ def main(argv=None) -> int:
                    help="results JSON of an earlier run of this section (other sizes or terms): "
                         "its cells join this run's report and table (repeatable)")
     p.add_argument("--write-table", action="store_true",
-                   help="write datamask_pipeline/engine/solver_table.json from the results")
+                   help="merge this run's rules for its device into the solver table (the other "
+                        "devices' rules are kept)")
+    p.add_argument("--table", default=None,
+                   help="the solver table --write-table merges into (default: the engine's "
+                        "datamask_pipeline/engine/solver_table.json)")
     a = p.parse_args(argv)
     if a.quick:
         a.sizes, a.dim, a.steps, a.rollouts, a.reps = "1500", 16, 30, 16, 1
@@ -266,11 +296,19 @@ def main(argv=None) -> int:
     json_path.write_text(json.dumps(res, indent=1, default=float))
     (out / f"REPORT_{a.tag}.md").write_text(markdown(cells, command, info) + "\n")
     if a.write_table:
-        rel = str(json_path.relative_to(Path(__file__).resolve().parent.parent))
-        table = build_table(cells, command, rel)
         from datamask_pipeline.engine import solver_table
+        from datamask_pipeline.engine.device import resolve_device
 
-        solver_table.TABLE_PATH.write_text(json.dumps(table, indent=1) + "\n")
+        try:
+            rel = str(json_path.resolve().relative_to(Path(__file__).resolve().parent.parent))
+        except ValueError:
+            rel = str(json_path)
+        path = Path(a.table) if a.table else solver_table.TABLE_PATH
+        old = json.loads(path.read_text()) if path.exists() else {}
+        device = resolve_device(a.device).type
+        table = build_table(cells, command, rel, device=device, table=old, machine=info)
+        path.write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n")
+        print(f"merged the {device} rules into {path}")
     print(f"wrote {json_path} and REPORT_{a.tag}.md in {time.perf_counter() - t0:.0f}s")
     return 0
 

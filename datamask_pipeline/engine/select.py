@@ -97,7 +97,8 @@ def route_for(cfg: LearnerConfig, n: int, device: torch.device | str = "cpu") ->
     solver = cfg.solver
     why = []
     if solver == "auto":
-        solver, auto_why = solver_table.choose(cfg.term_spec, n, resolve_device(device).type)
+        solver, auto_why = solver_table.choose(cfg.term_spec, n, resolve_device(device).type,
+                                                  lamb=cfg.lamb)
         why.append(auto_why)
         # The table's facility rows were measured on the dense similarity. On the sparse one
         # (large n) topk+polish hit its time cap below random at 10^5 while sparse greedy beat
