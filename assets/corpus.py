@@ -308,12 +308,19 @@ def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
                 storage.remove(uri)
                 removed.append(key)
     storage.atomic_write_bytes(man_uri, json.dumps(new_manifest, indent=1, sort_keys=True).encode())
-    sources = _source_shares(data_root, keys)
+    sources = source_shares(data_root, keys)
+    from datamask_pipeline.engine.corpus import CorpusBudget
+    from datamask_pipeline.reporting.corpus_selection_report import render_page
+
+    report = storage.join(data_root.corpus_dir(), "report.html")
+    budget = CorpusBudget(summary["budget"]["kind"], summary["budget"]["value"]).label
+    storage.atomic_write_bytes(report, render_page(summary, budget, sources).encode())
     return dg.MaterializeResult(metadata={
+        "report": dg.MetadataValue.path(report),
         "shards": len(keys), "rewritten_shards": dg.MetadataValue.json(changed),
         "removed_shards": dg.MetadataValue.json(removed), "rows_written": written_rows,
         "rows_selected": int(table.num_rows),
-        "source_shares": dg.MetadataValue.md(sources) if sources else "no source column",
+        "source_shares": dg.MetadataValue.md(_sources_md(sources)) if sources else "no source column",
         "selected_root": dg.MetadataValue.path(data_root.corpus_selected_root),
         "dagster/row_count": int(table.num_rows),
     })
@@ -333,24 +340,35 @@ def _raw_ids_at(raw_uri: str, id_column: str, rows: np.ndarray):
     return col.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
 
 
-def _source_shares(data_root: DataRoot, keys, column: str = "source") -> str | None:
-    counts: dict = {}
+def _counts(uri: str, column: str):
+    fs, path = storage.resolve(uri)
+    with fs.open_input_file(path) as fh:
+        pf = pq.ParquetFile(fh)
+        if column not in pf.schema_arrow.names:
+            return None
+        return {item["values"]: item["counts"]
+                for item in pc.value_counts(pf.read(columns=[column]).column(0)).to_pylist()}
+
+
+def source_shares(data_root: DataRoot, keys, column: str = "source") -> dict | None:
+    """{source: (rows in the corpus, rows selected)}; None when a shard has no such column."""
+    out: dict = {}
     for key in keys:
-        uri = data_root.corpus_selected(key)
-        if not storage.exists(uri):
-            continue
-        fs, path = storage.resolve(uri)
-        with fs.open_input_file(path) as fh:
-            pf = pq.ParquetFile(fh)
-            if column not in pf.schema_arrow.names:
-                return None
-            vc = pc.value_counts(pf.read(columns=[column]).column(0)).to_pylist()
-        for item in vc:
-            counts[item["values"]] = counts.get(item["values"], 0) + item["counts"]
-    if not counts:
-        return None
-    total = sum(counts.values())
-    lines = [f"| {column} | selected | share |", "|---|---:|---:|"]
-    for name, c in sorted(counts.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| {name} | {c:,} | {c / total:.1%} |")
+        raw = _counts(data_root.raw_shard(key), column)
+        sel_uri = data_root.corpus_selected(key)
+        sel = _counts(sel_uri, column) if storage.exists(sel_uri) else {}
+        if raw is None or sel is None:
+            return None
+        for name, c in raw.items():
+            r, s_ = out.get(name, (0, 0))
+            out[name] = (r + c, s_ + sel.get(name, 0))
+    return out or None
+
+
+def _sources_md(sources: dict, column: str = "source") -> str:
+    total = max(1, sum(s for _, s in sources.values()))
+    lines = [f"| {column} | rows | selected | kept | share of the selection |",
+             "|---|---:|---:|---:|---:|"]
+    for name, (r, c) in sorted(sources.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"| {name} | {r:,} | {c:,} | {c / max(1, r):.1%} | {c / total:.1%} |")
     return "\n".join(lines)

@@ -96,6 +96,9 @@ def test_corpus_stage_end_to_end(prepared, instance, resources):
     smeta = _meta(result, "corpus_subset")
     assert sorted(smeta["rewritten_shards"].value) == KEYS
     assert "| web |" in smeta["source_shares"].value or "| code |" in smeta["source_shares"].value
+    page = open(smeta["report"].value).read()
+    assert "Each shard's share" in page and "Each source's share" in page
+    assert page.count("data:image/png;base64,") == 2 and BAD in page  # the plots; the left-out shard
     summary = json.loads(open(os.path.join(data_root.corpus_dir(), "selection.json")).read())
     assert sum(summary["counts"].values()) == 100 and summary["excluded"].keys() == {BAD}
 

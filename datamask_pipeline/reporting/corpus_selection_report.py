@@ -1,0 +1,64 @@
+"""The corpus selection's page: whole-corpus scores, each shard's and each source's share of
+the selection next to its share of the corpus (one bar chart each), and the exchange rounds.
+Built from ``corpus/selection.json`` and per-source counts; Dagster-free."""
+
+from __future__ import annotations
+
+from .shard_report import COLORS, _new_figure, _png, _style, render
+
+__all__ = ["render_page", "shares_figure"]
+
+
+def shares_figure(names: list, rows: list, selected: list, title: str) -> bytes:
+    """Bars of each part's share of the corpus and of the selection."""
+    import numpy as np
+
+    total_r, total_s = max(1, sum(rows)), max(1, sum(selected))
+    fig = _new_figure(max(5.0, 0.5 * len(names) + 2), 3.2)
+    ax = fig.add_subplot(1, 1, 1)
+    x = np.arange(len(names))
+    ax.bar(x - 0.2, [r / total_r for r in rows], width=0.4, color=COLORS["shard"],
+           label="share of the corpus")
+    ax.bar(x + 0.2, [s / total_s for s in selected], width=0.4, color=COLORS["datamask"],
+           label="share of the selection")
+    ax.set_xticks(x, names, rotation=45 if len(names) > 6 else 0, ha="right" if len(names) > 6 else "center")
+    ax.set_ylabel("share")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    _style(ax)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def _share_rows(names, rows, selected):
+    total = max(1, sum(selected))
+    return [[n, f"{r:,}", f"{s:,}", f"{s / max(1, r):.1%}", f"{s / total:.1%}"]
+            for n, r, s in zip(names, rows, selected)]
+
+
+def render_page(summary: dict, budget: str, sources: dict | None = None) -> str:
+    """The page's HTML. ``sources``: {source: (rows in the corpus, rows selected)}."""
+    keys = sorted(summary["sizes"])
+    rows = [summary["sizes"][k] for k in keys]
+    sel = [summary["counts"].get(k, 0) for k in keys]
+    figures = [{"name": "shards", "png": shares_figure(keys, rows, sel, "each shard's share"),
+                "caption": "Each shard's share of the corpus (grey) and of the selection (blue)."}]
+    source_rows = None
+    if sources:
+        names = sorted(sources, key=lambda s: -sources[s][1])
+        figures.append({"name": "sources", "png": shares_figure(
+            names, [sources[s][0] for s in names], [sources[s][1] for s in names],
+            "each source's share"),
+            "caption": "Each source's share of the corpus (grey) and of the selection (blue)."})
+        source_rows = _share_rows(names, [sources[s][0] for s in names],
+                                  [sources[s][1] for s in names])
+    label = {"selection": f"corpus {summary['mode']} ({summary['route']})"}
+    score_rows = [[label.get(n, n), f"{v['f']:.6f}", f"{v['f_qua']:.6f}", f"{v['f_div']:.6f}"]
+                  for n, v in (summary.get("scores") or {}).items()]
+    rounds = [[r["round"], f"{r['swaps']:,}", f"{r['f']:.8f}", f"{r['seconds']:.1f}",
+               f"{r['bytes_exchanged']:,}"] for r in summary.get("rounds") or []]
+    return render("corpus_selection.html.j2", title="Corpus selection", summary=summary,
+                  budget=budget, excluded=sorted((summary.get("excluded") or {}).items()),
+                  score_rows=score_rows, figures=figures,
+                  shard_rows=_share_rows(keys, rows, sel), source_rows=source_rows,
+                  rounds=rounds)
