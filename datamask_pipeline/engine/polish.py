@@ -31,11 +31,28 @@ import torch
 from . import terms
 from .objectives import default_mem_budget
 
-__all__ = ["polish", "best_swap", "PolishResult"]
+__all__ = ["polish", "best_swap", "PolishResult", "default_time_budget_s"]
 
 # The smallest selection polished: the swap identities need k >= 3 (facility's best and
 # second-best coverage, DiSF's downdate to k - 1 >= 2 samples).
 MIN_K = 3
+
+# The swap search's time budget when ``polish_time_budget_s`` is unset (select_shard): it grows
+# with the shard, max(DEFAULT_BUDGET_MIN_S, DEFAULT_BUDGET_S_PER_ROW * n), 120 s up to 2*10^5
+# rows and 600 s at 10^6. Every cell the solver bench measured (up to 10^5 rows, at most 32 s
+# of polish) ended well inside it, so it changes no measured result; at 10^6 x 768 one DiSF
+# round takes ~46 s and the default stop (max_rounds) alone would allow 10,000 of them.
+DEFAULT_BUDGET_MIN_S = 120.0
+DEFAULT_BUDGET_S_PER_ROW = 6e-4
+
+
+def default_time_budget_s(n: int) -> float:
+    """The polish's time budget for a shard of n rows when none is configured."""
+    return max(DEFAULT_BUDGET_MIN_S, DEFAULT_BUDGET_S_PER_ROW * int(n))
+
+
+def default_budget_rule() -> str:
+    return (f"max({DEFAULT_BUDGET_MIN_S:g} s, {DEFAULT_BUDGET_S_PER_ROW * 1e3:g} ms × n)")
 
 
 @dataclass
@@ -50,6 +67,7 @@ class PolishResult:
     converged: bool  # no single improving swap exists (not stopped by a budget or a partial check)
     history: list = field(default_factory=list)  # (elapsed_s, f, swaps)
     stop: str = ""  # why the search ended
+    time_budget_s: float | None = None  # the wall-clock cap it ran under (None: none)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
@@ -121,7 +139,8 @@ def polish(x, q, selected, algorithm, lamb: float = 0.5, *, device="cpu", dtype=
         # out exactly; tiny k: nothing to polish with the identities used here.
         return PolishResult(np.sort(idx), float("nan"), float("nan"), 0, 0, 0,
                             time.perf_counter() - t0, lamb == 1.0,
-                            stop="modular" if lamb == 1.0 else "too_small")
+                            stop="modular" if lamb == 1.0 else "too_small",
+                            time_budget_s=time_budget_s)
     ctx = terms.PolishContext(
         ground=terms.Batch(xt, qt, mem_budget=mem_budget or default_mem_budget(xt.device)),
         q64=q64, members=members, allowed=allowed_t, lamb=float(lamb),
@@ -136,7 +155,8 @@ def polish(x, q, selected, algorithm, lamb: float = 0.5, *, device="cpu", dtype=
     if not (f_end >= f_start):  # float noise (facility) or NaN: keep what we were given
         sel, f_end, converged = np.sort(idx), f_start, False
     return PolishResult(sel, f_start, f_end, out["swaps"], out["moves"], out["rounds"],
-                        time.perf_counter() - t0, converged, stop=out.get("stop", ""))
+                        time.perf_counter() - t0, converged, stop=out.get("stop", ""),
+                        time_budget_s=time_budget_s)
 
 
 def best_swap(x, q, selected, algorithm, lamb: float = 0.5, *, device="cpu",

@@ -158,7 +158,7 @@ def select_shard(
     from .evaluate import make_ground_set
     from .learner import check_quality_scale, initial_logits, learn
     from .objectives import default_mem_budget
-    from .polish import polish
+    from .polish import default_budget_rule, default_time_budget_s, polish
     from .terms.facility import facility_part
 
     t_start = time.perf_counter()
@@ -219,13 +219,22 @@ def select_shard(
     chosen = start
     if route.endswith("+polish"):
         t0 = time.perf_counter()
+        budget_s = (polish_time_budget_s if polish_time_budget_s is not None
+                    else cfg.polish_time_budget_s)
+        budget_source = "polish_time_budget_s"
+        if budget_s is None:  # bounded by default, in a time that grows with n
+            budget_s = default_time_budget_s(n)
+            budget_source = f"default: {default_budget_rule()} at n={n:,}"
         pr = polish(x, q, start, term, cfg.lamb, device=dev, allowed=allowed,
-                    mem_budget=mem_budget,
-                    time_budget_s=(polish_time_budget_s if polish_time_budget_s is not None
-                                   else cfg.polish_time_budget_s))
+                    mem_budget=mem_budget, time_budget_s=budget_s)
         timings["polish_s"] = time.perf_counter() - t0
         chosen = pr.selected
         polish_info = pr.as_dict()
+        polish_info["time_budget_source"] = budget_source
+        if pr.stop == "time_budget":
+            notes.append(f"the polish stopped at its time budget of {budget_s:g} s "
+                         f"({budget_source}) with the best swap set found so far; set "
+                         "polish_time_budget_s to search longer")
 
     # ---- whole-shard scores (V = all n rows)
     t0 = time.perf_counter()
