@@ -1,0 +1,66 @@
+"""The README's solver tables come from the routing code, the committed table and the
+committed results (issue 20 item 12): each assertion fails when the README, the table or
+``engine.select.route_for`` changes without the others."""
+
+import json
+from pathlib import Path
+
+from bench.solvers import auto_route, best_route, build_rules, readme_table
+from datamask_pipeline.engine import solver_table
+from datamask_pipeline.engine.config import LearnerConfig
+from datamask_pipeline.engine.select import route_for
+
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+FLAT = " ".join(README.split())
+
+
+def _cells():
+    src = solver_table.load()["sources"]["cpu"]
+    return json.loads((REPO / src["results"]).read_text())["cells"]
+
+
+def test_readme_route_table_is_rendered_from_route_for():
+    assert solver_table.routes_markdown() in README
+
+
+def test_committed_table_is_the_committed_results():
+    """The CPU rules are what build_rules makes of the results the table names."""
+    assert build_rules(_cells()) == solver_table.load()["rules"]["cpu"]
+
+
+def test_measured_table_says_what_auto_runs_now():
+    assert readme_table(_cells()) in README
+    for c in _cells():
+        cfg = LearnerConfig.profile("pipeline", algorithm=c["term"])
+        now = route_for(cfg, c["n"], "cpu")[0]
+        row = next(line for line in README.splitlines()
+                   if line.startswith(f"| {c['term']} | {c['n']:,} | ") and "% time" in line)
+        last = row.rstrip(" |").rsplit("| ", 1)[1]
+        assert last.startswith(f"`{now}`"), (row, now)
+        if now != best_route(c)["solver"]:
+            assert "not measured here" in last
+
+
+def test_facility_switch_point_is_the_code_and_the_readme_says_it():
+    pts = solver_table.switch_points("Facility")
+    assert [r for _, r in pts] == ["topk+polish", "greedy"]
+    n = pts[1][0]
+    # the sparse similarity begins where n x n float32 exceeds half the 256 MiB CPU budget
+    assert n * n * 4 * 2 > 256 << 20 >= (n - 1) * (n - 1) * 4 * 2
+    assert auto_route("Facility", n - 1) == "topk+polish" and auto_route("Facility", n) == "greedy"
+    assert f"facility location from {n:,} rows on CPU" in FLAT
+    assert f"`greedy` from {n:,} rows" in README
+    # the stale claim is gone
+    assert "runs `topk+polish` on CPU for every built-in term" not in FLAT
+
+
+def test_route_table_changes_when_the_table_changes(monkeypatch):
+    """A different table renders a different README table (so the test above can fail)."""
+    before = solver_table.routes_markdown()
+    t = json.loads(json.dumps(solver_table.load()))
+    t["rules"]["cpu"]["DiSF"] = [{"max_n": 10**12, "solver": "sgreedy+polish", "why": "x", "lamb": 0.5}]
+    monkeypatch.setattr(solver_table, "load", lambda: t)
+    after = solver_table.routes_markdown()
+    assert after != before and after not in README
+    assert "| DiSF | 5,000 | `sgreedy+polish` |" in after
