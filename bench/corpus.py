@@ -131,6 +131,15 @@ def cuts_markdown(r: dict) -> str:
                 v = c[m]
                 cells.append("n/a" if "skipped" in v else f"{v['gap_closed']:.3f}")
             lines.append(f"| {term} | {cut} | " + " | ".join(cells) + " |")
+    lines += ["", "Seconds per selection (median over the three cuts; whole-corpus greedy for "
+              "reference):", "", "| term | rows | greedy | " + " | ".join(MODES) + " |",
+              "|---|---:|---:|" + "---:|" * len(MODES)]
+    for term, res in r["terms"].items():
+        cells = []
+        for m in MODES:
+            v = [res["cuts"][c][m]["seconds"] for c in CUTS if "seconds" in res["cuts"][c][m]]
+            cells.append(f"{float(np.median(v)):.1f}" if v else "n/a")
+        lines.append(f"| {term} | {res['n']:,} | {res['greedy_s']:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -228,9 +237,17 @@ def scale_markdown(r: dict) -> str:
     ])
 
 
+def render_markdown(r: dict) -> str:
+    """The report of a results file of either kind."""
+    return cuts_markdown(r) if "terms" in r else scale_markdown(r)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.corpus", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
+    rr = sub.add_parser("render", help="rewrite REPORT_<tag>.md from results_<tag>.json")
+    rr.add_argument("--tag", required=True)
+    rr.add_argument("--out", default="bench/results")
     c = sub.add_parser("cuts")
     c.add_argument("--rows", type=int, default=20000)
     c.add_argument("--dim", type=int, default=384)
@@ -253,6 +270,14 @@ def main(argv=None) -> int:
         q.add_argument("--tag", default=None)
         q.add_argument("--out", default="bench/results")
     a = p.parse_args(argv)
+    if a.what == "render":
+        with open(os.path.join(a.out, f"results_{a.tag}.json")) as fh:
+            r = json.load(fh)
+        md = render_markdown(r)
+        with open(os.path.join(a.out, f"REPORT_{a.tag}.md"), "w") as fh:
+            fh.write(f"# {a.tag}\n\nCommand: `{r['command']}`\n\n{md}\n")
+        print(md)
+        return 0
     import torch
 
     torch.set_num_threads(a.threads)

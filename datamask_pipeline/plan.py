@@ -27,6 +27,10 @@ raw byte of ingested ones) and seconds per row from this instance's own ``mask``
 materializations (median ``step_wall_time_s`` / rows). With no mask run yet, the time is
 reported as unknown rather than guessed.
 
+The corpus selection is planned apart (:func:`corpus_plan`): it is due when shards were
+ingested after the last ``corpus_selection`` or are gone; the dry run says what it would launch
+and its cost, scaled by rows from the last corpus run's time.
+
 The scan is batched: a few event-log queries per asset and one listing per location, whatever
 the number of shards (``bench/orchestration.py`` measures it up to 10,000 shards).
 """
@@ -209,6 +213,77 @@ def plan(instance: dg.DagsterInstance, data_root: DataRoot) -> Plan:
     return out
 
 
+CORPUS_KEY = dg.AssetKey("corpus_selection")
+
+
+def corpus_plan(instance: dg.DagsterInstance, data_root: DataRoot, features_records: dict | None = None,
+                raw: dict | None = None) -> dict:
+    """Whether the corpus selection is due, what it would launch and what it would cost: the
+    shards whose features are newer than the last ``corpus_selection`` (new or rewritten), the
+    shards it covered that are gone, and the cost scaled by rows from that run's own time
+    (``seconds`` metadata). It never launches: a re-selection is started by hand or by
+    ``corpus_job`` (README: Select for the corpus)."""
+    keys = sorted(instance.get_dynamic_partitions(PARTITIONS_NAME))
+    if features_records is None:
+        features_records = _latest_records(instance, features.key, keys)
+    if raw is None:
+        try:
+            raw = scan_raw(data_root.raw_root).files
+        except storage.StorageError:
+            raw = {}
+    last = instance.fetch_materializations(CORPUS_KEY, limit=1).records
+    status = latest_check_status(instance, list(features_records))
+    present = sorted(k for k in features_records if k in raw
+                     and all(v == "SUCCEEDED" for v in status.get(k, {}).values()))
+    rows_now = sum(int(_meta(features_records[k], "dagster/row_count") or 0) for k in present)
+    out = {"launches": "corpus_job (corpus_selection -> corpus_subset)", "shards": len(present),
+           "rows": rows_now, "due": False, "reasons": [], "changed": [], "removed": [],
+           "estimated_seconds": None}
+    if not last:
+        out["due"] = bool(present)
+        out["reasons"] = ["no corpus selection yet"] if present else []
+        return out
+    rec = last[0]
+    covered, last_sel = set(), {}
+    try:
+        fs, path = storage.resolve(storage.join(data_root.corpus_dir(), "selection.json"))
+        with fs.open_input_file(path) as fh:
+            last_sel = json.loads(fh.read())  # the shards it selected from, and left out
+            covered = set(last_sel.get("sizes", {})) | set(last_sel.get("excluded", {}))
+    except (OSError, ValueError):
+        pass
+    changed = [k for k in present
+               if features_records[k].timestamp > rec.timestamp or (covered and k not in covered)]
+    removed = sorted(covered - set(present) - set(last_sel.get("excluded", {})) if covered else [])
+    out.update(changed=changed, removed=removed, due=bool(changed or removed))
+    if changed:
+        out["reasons"].append(f"{len(changed)} shard(s) new or re-ingested since the last "
+                              "corpus selection")
+    if removed:
+        out["reasons"].append(f"{len(removed)} shard(s) of the last selection are gone")
+    secs, rows_then = _meta(rec, "seconds"), _meta(rec, "rows_corpus")
+    if secs is not None and rows_then:
+        out["estimated_seconds"] = float(secs) * rows_now / int(rows_then)
+    return out
+
+
+def render_corpus(c: dict, limit: int = 20) -> str:
+    if not c["due"]:
+        return "corpus selection: up to date (nothing new since the last corpus_selection)"
+    lines = [f"corpus selection due: {'; '.join(c['reasons'])}",
+             f"  launches {c['launches']} over {c['shards']} shard(s), {c['rows']:,} rows"]
+    for key in c["changed"][:limit]:
+        lines.append(f"  changed: {key}")
+    for key in c["removed"][:limit]:
+        lines.append(f"  removed: {key}")
+    if c["estimated_seconds"] is None:
+        lines.append("  estimated cost: unknown (no corpus selection on this instance to scale from)")
+    else:
+        lines.append(f"  estimated cost: {c['estimated_seconds']:.3g} s (the last corpus selection's "
+                     "time, scaled by rows); every shard's share may change")
+    return "\n".join(lines)
+
+
 def render(p: Plan, limit: int = 20) -> str:
     lines = [f"{len(p.reasons)} of {p.registered} registered shard(s) need a run"]
     for key in sorted(p.reasons)[:limit]:
@@ -251,11 +326,16 @@ def main(argv=None) -> int:
 
     settings.ensure_dagster_home()
     instance = dg.DagsterInstance.get()
-    p = plan(instance, DataRoot(root=settings.data_root(), raw=settings.raw_root()))
+    data_root = DataRoot(root=settings.data_root(), raw=settings.raw_root())
+    p = plan(instance, data_root)
     if args.keys:
         print(",".join(sorted(p.reasons)))
+        return 0
+    c = corpus_plan(instance, data_root)
+    if args.json:
+        print(json.dumps({**p.as_dict(), "corpus": c}, indent=2, sort_keys=True))
     else:
-        print(json.dumps(p.as_dict(), indent=2, sort_keys=True) if args.json else render(p, args.limit))
+        print(render(p, args.limit) + "\n" + render_corpus(c, args.limit))
     return 0
 
 

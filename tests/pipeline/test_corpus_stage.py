@@ -102,9 +102,20 @@ def test_corpus_stage_end_to_end(prepared, instance, resources):
     summary = json.loads(open(os.path.join(data_root.corpus_dir(), "selection.json")).read())
     assert sum(summary["counts"].values()) == 100 and summary["excluded"].keys() == {BAD}
 
-    # nothing changed: no subset is rewritten
+    # nothing changed: no subset is rewritten, and the dry run says nothing is due
     again = _corpus(instance, resources, select_rows=100)
     assert _meta(again, "corpus_subset")["rewritten_shards"].value == []
+    from datamask_pipeline.plan import corpus_plan, render_corpus
+
+    assert corpus_plan(instance, data_root)["due"] is False
+
+    # a shard re-ingested: the dry run says a re-selection is due, what it launches and costs;
+    # nothing launched it
+    _features(instance, resources, KEYS[1])
+    due = corpus_plan(instance, data_root)
+    assert due["due"] and due["changed"] == [KEYS[1]] and due["estimated_seconds"] > 0
+    assert due["rows"] == 3 * ROWS and "corpus_job" in render_corpus(due)
+    assert len(instance.fetch_materializations(dg.AssetKey("corpus_selection"), limit=10).records) == 2
 
     # an interrupted subset step (one file and the manifest lost): resumed, nothing lost
     os.remove(data_root.corpus_selected(KEYS[1]))
