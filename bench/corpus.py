@@ -147,8 +147,33 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def _recut_sorted(files: list, per: int, dim: int, workdir: str) -> list:
+    """The same rows re-cut into files sorted by quality (the best rows in the first file)."""
+    out_dir = os.path.join(workdir, "sorted_by_quality")
+    os.makedirs(out_dir, exist_ok=True)
+    out = [os.path.join(out_dir, f"shard_{i:03d}") for i in range(len(files))]
+    if all(os.path.exists(b + ".q.npy") for b in out):
+        return out
+    q = np.concatenate([np.load(b + ".q.npy") for b in files])
+    order = np.argsort(-q, kind="stable")
+    xs = [np.memmap(b + ".x.f32", dtype=np.float32, mode="r", shape=(per, dim)) for b in files]
+    for i, base in enumerate(out):
+        rows = order[i * per:(i + 1) * per]
+        x = np.empty((per, dim), dtype=np.float32)
+        src, loc = rows // per, rows % per
+        for f in range(len(files)):
+            m = np.flatnonzero(src == f)
+            srt = np.argsort(loc[m])
+            x[m[srt]] = xs[f][loc[m][srt]]
+        x.tofile(base + ".x.f32")
+        np.save(base + ".q.npy", q[rows])
+        np.save(base + ".ids.npy", rows)
+    return out
+
+
 def run_scale(rows: int, shards: int, dim: int, term: str, lamb: float, ratio: float,
-              seed: int, workdir: str, candidates: int, max_rounds: int) -> dict:
+              seed: int, workdir: str, candidates: int, max_rounds: int,
+              cut: str = "random_blocks", mode: str = "exchange") -> dict:
     from datamask_pipeline.engine.config import LearnerConfig
     from datamask_pipeline.engine.corpus import CorpusBudget, CorpusShard, select_corpus
     from datamask_pipeline.engine.sample import make_table
@@ -169,10 +194,14 @@ def run_scale(rows: int, shards: int, dim: int, term: str, lamb: float, ratio: f
         files.append(base)
     gen_s = time.perf_counter() - t0
     print(f"generated {shards} x {per:,} rows x {dim} in {gen_s:.0f}s", flush=True)
+    if cut == "sorted_by_quality":
+        files = _recut_sorted(files, per, dim, workdir)
 
     def load(base, i):
         x = np.fromfile(base + ".x.f32", dtype=np.float32).reshape(per, dim)
-        return Part(x, np.load(base + ".q.npy"), np.arange(i * per, (i + 1) * per))
+        ids = (np.load(base + ".ids.npy") if os.path.exists(base + ".ids.npy")
+               else np.arange(i * per, (i + 1) * per))
+        return Part(x, np.load(base + ".q.npy"), ids)
 
     marks = []
 
@@ -184,7 +213,7 @@ def run_scale(rows: int, shards: int, dim: int, term: str, lamb: float, ratio: f
           for i, b in enumerate(files)]
     cfg = LearnerConfig.profile("pipeline", algorithm=term, lamb=lamb)
     t0 = time.perf_counter()
-    sel = select_corpus(cs, cfg, CorpusBudget("fraction", ratio), mode="exchange",
+    sel = select_corpus(cs, cfg, CorpusBudget("fraction", ratio), mode=mode,
                         gather_max_rows=0, candidates=candidates, max_rounds=max_rounds,
                         workdir=workdir, log=log)
     wall = time.perf_counter() - t0
@@ -193,6 +222,7 @@ def run_scale(rows: int, shards: int, dim: int, term: str, lamb: float, ratio: f
                      default=_peak_rss())
     rounds = sel.rounds
     return {
+        "cut": cut, "mode": mode,
         "rows": per * shards, "shards": shards, "dim": dim, "term": term, "lamb": lamb,
         "select_ratio": ratio, "k": sel.k, "wall_s": wall, "generate_s": gen_s,
         "per_shard_phase_s": sel.timings.get("shards_s"),
@@ -214,7 +244,8 @@ def scale_markdown(r: dict) -> str:
     g = 2 ** 30
     sc = r["scores"]
     return "\n".join([
-        f"{r['rows']:,} rows in {r['shards']} shards, {r['dim']}-d, {r['term']}, λ = {r['lamb']}, "
+        f"{r['rows']:,} rows in {r['shards']} shards (cut: {r.get('cut', 'random_blocks')}), "
+        f"{r['dim']}-d, {r['term']}, λ = {r['lamb']}, "
         f"budget {r['select_ratio']:.0%} (k = {r['k']:,}); {r['cpu']}, one process, 1 torch thread.",
         "",
         "| what | value |", "|---|---:|",
@@ -227,13 +258,14 @@ def scale_markdown(r: dict) -> str:
         f"| peak RSS after the per-shard phase / at the end | "
         f"{r['peak_rss_per_shard_phase_bytes'] / g:.2f} / {r['peak_rss_bytes'] / g:.2f} GiB |",
         f"| whole-corpus f: exchange (corpus) | {sc['selection']['f']:.6f} |",
-        f"| whole-corpus f: per-shard selection (the start; the shards are i.i.d. random "
-        f"blocks) | {r['f_per_shard_start']:.6f} |",
+        f"| whole-corpus f: per-shard selection of these files (the start) | "
+        f"{r['f_per_shard_start']:.6f} |",
         f"| whole-corpus f: quality top-k / random | {sc['quality_topk']['f']:.6f} / "
         f"{sc['random']['f']:.6f} |",
         "", "Reference: exact greedy is infeasible at this size; the per-shard selection of the "
-        "same shards (the paper's random blocks) and the corpus's quality top-k are the "
-        "references, all scored exactly from the selections' sufficient statistics.",
+        "same files, the paper's random blocks (the generated files are i.i.d. random blocks of "
+        "one corpus; `--cut sorted_by_quality` re-cuts the same rows) and the corpus's quality "
+        "top-k are the references, all scored exactly from the selections' sufficient statistics.",
     ])
 
 
@@ -262,6 +294,7 @@ def main(argv=None) -> int:
     s.add_argument("--workdir", default=None)
     s.add_argument("--candidates", type=int, default=4096)
     s.add_argument("--max-rounds", type=int, default=50)
+    s.add_argument("--cut", default="random_blocks", choices=("random_blocks", "sorted_by_quality"))
     for q in (c, s):
         q.add_argument("--lamb", type=float, default=0.5)
         q.add_argument("--select-ratio", type=float, default=0.1)
@@ -288,7 +321,7 @@ def main(argv=None) -> int:
     else:
         r = run_scale(a.rows, a.shards, a.dim, a.term, a.lamb, a.select_ratio, a.seed,
                       a.workdir or tempfile.mkdtemp(prefix="corpus-scale-"), a.candidates,
-                      a.max_rounds)
+                      a.max_rounds, cut=a.cut)
         md = scale_markdown(r)
     import sys
 

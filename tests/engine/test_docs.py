@@ -64,3 +64,32 @@ def test_readme_efficiency_numbers_are_the_committed_run():
     assert disf["meets_target"] and disf["median"] >= 0.5
     assert (f"DiSF objective kernel runs at {disf['median']:.0%} of same-process matmul peak "
             f"({disf['min']:.0%}–{disf['max']:.0%}") in " ".join(README.split())
+
+
+def test_readme_corpus_tables_are_the_committed_runs():
+    """The corpus stage's measured tables in the README are rendered from bench/results by the
+    bench's own functions (a re-run that changes a number must update the README)."""
+    import json
+
+    from bench.corpus import cuts_markdown, scale_markdown
+
+    readme = (REPO / "README.md").read_text()
+    res = REPO / "bench" / "results"
+    cuts = json.loads((res / "results_corpus_cuts.json").read_text())
+    assert cuts_markdown(cuts) in readme
+    for tag in ("corpus_scale", "corpus_scale_sorted"):
+        path = res / f"results_{tag}.json"
+        if tag == "corpus_scale" or path.exists():
+            assert scale_markdown(json.loads(path.read_text())) in readme, tag
+    # the claims around them
+    for term, r in cuts["terms"].items():
+        for cut, c in r["cuts"].items():
+            assert c["gather"]["gap_closed"] >= 0.98 and c["gather"]["rows"] == r["k"]
+            if "skipped" not in c["exchange"]:
+                assert c["exchange"]["gap_closed"] >= 0.98
+        assert r["cuts"]["sorted_by_quality"]["per_shard"]["gap_closed"] < 0.5
+    scale = json.loads((res / "results_corpus_scale.json").read_text())
+    assert scale["rows"] >= 10**7 and scale["shards"] >= 10 and scale["dim"] >= 256
+    assert scale["peak_rss_bytes"] <= 1.1 * scale["peak_rss_per_shard_phase_bytes"]
+    assert scale["scores"]["selection"]["f"] >= scale["f_per_shard_start"]
+    assert (scale["scores"]["selection"]["f"] - scale["f_per_shard_start"]) < 3e-6 * scale["scores"]["selection"]["f"]
