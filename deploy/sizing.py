@@ -496,6 +496,45 @@ def embed_table(path=None, corpora=(1e9, 1e10)) -> str:
     return "\n".join(out)
 
 
+CORPUS_SCALE_GLOB = str(REPO / "bench" / "results" / "results_corpus_scale*.json")
+
+
+def corpus_stage_table(pattern: str | None = None, shards: int = 25_000,
+                       rows_per_shard: int = 1_000_000, coordinator_rows: int = 4_000_000,
+                       workers: int = 1_000) -> str:
+    """The corpus stage (exchange mode) extended from the measured >= 10^7-row runs to
+    ``shards`` shards: per-shard selection and per-round pass times per shard (they run on the
+    shards' own workers), and what the coordinator holds per round (2 x candidates rows per
+    shard, so the candidates per shard fall as the shard count grows)."""
+    runs = []
+    for f in sorted(glob.glob(pattern or CORPUS_SCALE_GLOB)):
+        try:
+            runs.append(json.loads(Path(f).read_text()))
+        except (OSError, ValueError):
+            continue
+    if not runs:
+        return "not measured (no results_corpus_scale*.json in bench/results)"
+    lines = ["| measured run | rows × d | per-shard selection, s/shard | pass per round, s/shard | "
+             "rounds | swaps | peak RSS | candidates at "
+             f"{shards:,} shards | coordinator per round | wall per round on {workers:,} workers |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        n_sh = r["shards"]
+        scale = rows_per_shard / (r["rows"] / n_sh)
+        per_shard = r["per_shard_phase_s"] / n_sh * scale
+        passes = [x["seconds"] for x in r["round_log"]] or [0.0]
+        pass_s = float(sorted(passes)[len(passes) // 2]) / n_sh * scale
+        cand = max(1, coordinator_rows // (2 * shards))
+        coord = 2 * cand * shards * (r["dim"] * 4 + 16)
+        wall_round = pass_s * math.ceil(shards / workers)
+        lines.append(
+            f"| {r.get('cut', 'random_blocks')}, {r['term']} | {r['rows']:,} × {r['dim']} | "
+            f"{per_shard:.1f} | {pass_s:.1f} | {len(r['round_log'])} | {sum(x['swaps'] for x in r['round_log']):,} | "
+            f"{r['peak_rss_bytes'] / GIB:.2f} GiB | {cand:,} per side | "
+            f"{coord / GIB:.1f} GiB in {2 * cand * shards:,} rows | {wall_round:.0f} s |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=float, help="corpus rows N (e.g. 2e10)")
@@ -547,6 +586,8 @@ def main(argv=None) -> int:
     print(io_table())
     print("\n## Embedding cost\n")
     print(embed_table())
+    print("\n## The corpus stage\n")
+    print(corpus_stage_table())
     return 0
 
 

@@ -178,6 +178,7 @@ def test_sizing_md_shows_what_the_script_prints(sizing):
     assert sizing.io_table() in doc
     assert sizing.large_shard_table() in doc
     assert sizing.embed_table() in doc
+    assert sizing.corpus_stage_table() in doc
     assert sizing.rates_table(sizing.load_bench_rates()) in doc
 
 
@@ -205,3 +206,19 @@ def test_large_shard_rows_come_from_the_pipeline_runs(sizing, tmp_path):
     assert "0.8000 / 0.6000 / 0.7900" in disf and "| 12 | 1 |" in disf
     assert "refused by the pre-flight: PreflightError: estimated peak memory 30 GiB" in table
     assert "not measured" in sizing.large_shard_table([])
+
+
+def test_corpus_stage_table_scales_the_measured_run(sizing, tmp_path):
+    (tmp_path / "results_corpus_scale_x.json").write_text(json.dumps({
+        "cut": "sorted_by_quality", "term": "Pair_simi", "rows": 10_000_000, "shards": 10,
+        "dim": 256, "per_shard_phase_s": 100.0, "peak_rss_bytes": 2 * sizing.GIB,
+        "round_log": [{"seconds": 30.0, "swaps": 5}, {"seconds": 50.0, "swaps": 1},
+                      {"seconds": 40.0, "swaps": 0}]}))
+    table = sizing.corpus_stage_table(str(tmp_path / "results_corpus_scale*.json"),
+                                      shards=25_000, coordinator_rows=4_000_000, workers=1_000)
+    row = table.splitlines()[2]
+    # 100 s / 10 shards; median round 40 s / 10 shards; 4e6 / (2 x 25,000) = 80 per side;
+    # 25 shards per worker x 4 s
+    assert row.startswith("| sorted_by_quality, Pair_simi | 10,000,000 × 256 | 10.0 | 4.0 | 3 | 6 |")
+    assert "| 80 per side |" in row and "4,000,000 rows" in row and row.endswith("| 100 s |")
+    assert "not measured" in sizing.corpus_stage_table(str(tmp_path / "none*.json"))
