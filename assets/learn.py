@@ -3,7 +3,7 @@
 Reads the validated features, selects with the configured solver and publishes
 ``masks/<key>.parquet`` (``id``, ``logit``, ``rank``, ``selected``) with the selection record
 in its schema metadata (:mod:`datamask_pipeline.engine.storage.mask_file`: objective curve,
-whole-shard scores of DATAMASK next to random and quality top-k, solver and route, config);
+whole-shard scores of the selection next to random and quality top-k, solver and route, config);
 the materialization adds device, timings and the pre-flight memory estimate. Runs in the
 ``gpu`` concurrency pool (one selection per GPU at a time); the shard report is its own asset
 (:mod:`assets.shard_report`), outside the pool. A checkpoint under the data root lets a retried
@@ -129,10 +129,16 @@ def curve_markdown(history: list, rows: int = CURVE_ROWS) -> str:
     return "\n".join(lines)
 
 
-def scores_markdown(scores: dict, term: str, lamb: float) -> str:
+def scores_markdown(scores: dict, term: str, lamb: float, route: str | None = None,
+                    guard: str | None = None) -> str:
+    """The whole-shard scores table; the selection's row (the record's ``datamask``) is named
+    by the route that produced it ("DATAMASK" only where the learner ran)."""
+    from datamask_pipeline.reporting.numerics import selection_label
+
     lines = [f"| selection | f (λ={lamb:g}, {term}) | f_qua | f_div |", "|---|---:|---:|---:|"]
     for name, sc in scores.items():
-        lines.append(f"| {name} | {sc['f']:.6g} | {sc['f_qua']:.6g} | {sc['f_div']:.6g} |")
+        label = selection_label(route, guard) if name == "datamask" else name
+        lines.append(f"| {label} | {sc['f']:.6g} | {sc['f_qua']:.6g} | {sc['f_div']:.6g} |")
     return "\n".join(lines)
 
 
@@ -241,7 +247,7 @@ def run_selection(learner: MaskLearner, shard, cfg: LearnerConfig, ckpt: str, ke
 )
 def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataRoot,
          contract: DataContract, learner: MaskLearner) -> dg.MaterializeResult:
-    """Per-sample DATAMASK selection of one shard: ``id``, ``logit`` (final), ``rank``
+    """Per-sample selection of one shard (by the configured solver's route): ``id``, ``logit`` (final), ``rank``
     (0 = best; ``rank < k`` is the selection) and ``selected``, from the engine's
     ``select_shard`` with the configured solver. The file's schema metadata carries the
     selection record (``datamask.selection``: scores, history, route, config).
@@ -304,7 +310,8 @@ def mask_metadata(record: mask_file.SelectionRecord, table, estimate: dict, prec
         "objective_curve": dg.MetadataValue.md(curve_markdown(record.history)),
         "objective_history": dg.MetadataValue.json(history),
         "whole_shard_scores": dg.MetadataValue.md(scores_markdown(record.scores, record.term,
-                                                                  record.lamb)),
+                                                                  record.lamb, record.route,
+                                                                  record.guard)),
         "whole_shard_eval": dg.MetadataValue.json(record.scores),
         "mask_uri": dg.MetadataValue.path(str(uri)),
         "sha256": digest,

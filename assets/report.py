@@ -14,9 +14,12 @@ catalog, so parallel partitions never contend for a DuckDB lock.
 Catalog contents:
 
 * ``shards``: one row per registered shard with a selected subset: partition key, file URIs,
-  rows before and after selection, kept fraction, mean quality before and after, and the
-  whole-shard objective of DATAMASK, quality top-k and random (the selection record in the
-  mask file's metadata), spectrum flatness and the page of the shard report (when built);
+  rows before and after selection, kept fraction, mean quality before and after, the solver
+  configured and the route that produced the selection (``route``; ``guard`` when a reference
+  selection was returned instead), the whole-shard objective of that selection
+  (``f_selection``, ``f_qua_selection``, ``f_div_selection``), of quality top-k and of random
+  (the selection record in the mask file's metadata), spectrum flatness and the page of the
+  shard report (when built);
 * ``catalog_info``: when and from where the catalog was built, and which registered shards
   have no selection yet;
 * ``selected_rows`` (local data roots): a view over all selected parquet files, every raw
@@ -36,6 +39,7 @@ from dagster_duckdb import DuckDBResource
 
 from datamask_pipeline.engine import storage
 from datamask_pipeline.engine.storage import mask_file
+from datamask_pipeline.reporting.numerics import selection_label
 from resources.storage import DataRoot
 
 from .ingest import FRESHNESS, ID, OWNERS, QUALITY, stage
@@ -44,7 +48,7 @@ from .partitions import PARTITIONS_NAME
 from .select import selected_subset
 from .shard_report import shard_report
 
-CODE_VERSION = "catalog-2"
+CODE_VERSION = "catalog-3"
 GROUP = "corpus"
 
 SHARD_COLUMNS = [
@@ -52,8 +56,9 @@ SHARD_COLUMNS = [
     ("rows_raw", "BIGINT"), ("rows_selected", "BIGINT"), ("kept_fraction", "DOUBLE"),
     ("quality_mean_before", "DOUBLE"), ("quality_mean_after", "DOUBLE"),
     ("selected_bytes", "BIGINT"), ("algorithm", "VARCHAR"), ("lamb", "DOUBLE"),
-    ("f_datamask", "DOUBLE"), ("f_quality_topk", "DOUBLE"), ("f_random", "DOUBLE"),
-    ("f_qua_datamask", "DOUBLE"), ("f_div_datamask", "DOUBLE"),
+    ("solver", "VARCHAR"), ("route", "VARCHAR"), ("guard", "VARCHAR"),
+    ("f_selection", "DOUBLE"), ("f_quality_topk", "DOUBLE"), ("f_random", "DOUBLE"),
+    ("f_qua_selection", "DOUBLE"), ("f_div_selection", "DOUBLE"),
     ("spectrum_flatness_selected", "DOUBLE"), ("report_uri", "VARCHAR"),
 ]
 
@@ -81,15 +86,18 @@ def report_metrics(data_root: DataRoot, key: str):
 
 
 def mask_scores(data_root: DataRoot, key: str) -> dict:
-    """The objective numbers of the partition's selection, from the mask file's record."""
+    """The objective numbers of the partition's selection and the route that produced it,
+    from the mask file's record (the record names the selection ``datamask``; the catalog
+    names it by its route)."""
     try:
         rec = mask_file.read_record(data_root.mask(key))
     except mask_file.MaskFileError as exc:
         raise dg.Failure(description=f"partition {key!r}: {exc}", allow_retries=False) from exc
-    return {"algorithm": rec.term, "lamb": rec.lamb, "f_datamask": rec.f("datamask"),
+    return {"algorithm": rec.term, "lamb": rec.lamb, "solver": rec.solver, "route": rec.route,
+            "guard": rec.guard, "f_selection": rec.f("datamask"),
             "f_quality_topk": rec.f("quality_topk"), "f_random": rec.f("random"),
-            "f_qua_datamask": float(rec.scores["datamask"]["f_qua"]),
-            "f_div_datamask": float(rec.scores["datamask"]["f_div"])}
+            "f_qua_selection": float(rec.scores["datamask"]["f_qua"]),
+            "f_div_selection": float(rec.scores["datamask"]["f_div"])}
 
 
 def shard_row(con, data_root: DataRoot, key: str) -> dict:
@@ -144,7 +152,8 @@ def corpus_report_input(row: dict, data_root: DataRoot) -> dict:
     m = {
         "n_rows": row["rows_raw"], "k_selected": row["rows_selected"],
         "kept_fraction": row["kept_fraction"], "quality_mean_shard": row["quality_mean_before"],
-        "quality_mean_selected": row["quality_mean_after"], "f_datamask": row["f_datamask"],
+        "quality_mean_selected": row["quality_mean_after"], "f_datamask": row["f_selection"],
+        "route": selection_label(row["route"], row["guard"]),
         "f_topk": row["f_quality_topk"], "f_random": row["f_random"], "lamb": row["lamb"],
         "spectrum_flatness_selected": row["spectrum_flatness_selected"],
     }
@@ -242,13 +251,15 @@ def summary_metadata(rows: list, keys: list, missing: list) -> dict:
     def fmt(v, spec=".4f"):
         return "–" if v is None else format(v, spec)
 
-    lines = ["| shard | rows | selected | kept | quality before | quality after | f DATAMASK | "
-             "f quality top-k | f random |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| shard | route | rows | selected | kept | quality before | quality after | "
+             "f selection | f quality top-k | f random |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(
-            f"| {r['partition_key']} | {r['rows_raw']:,} | {r['rows_selected']:,} | "
+            f"| {r['partition_key']} | {selection_label(r['route'], r['guard'])} | "
+            f"{r['rows_raw']:,} | {r['rows_selected']:,} | "
             f"{fmt(r['kept_fraction'], '.1%')} | {fmt(r['quality_mean_before'])} | "
-            f"{fmt(r['quality_mean_after'])} | {fmt(r['f_datamask'], '.5g')} | "
+            f"{fmt(r['quality_mean_after'])} | {fmt(r['f_selection'], '.5g')} | "
             f"{fmt(r['f_quality_topk'], '.5g')} | {fmt(r['f_random'], '.5g')} |")
     return {
         "dagster/row_count": int(total_sel),

@@ -93,7 +93,8 @@ def build_report(shard, selected, record: mask_file.SelectionRecord, sources, ke
     return build_shard_report(
         torch.as_tensor(shard.embeddings), shard.quality, selected, record.history,
         ids=shard.ids, sources=sources, lamb=record.lamb, algorithm=algorithm, reference=levels,
-        title=f"DATAMASK selection: partition {key}",
+        title=f"Selection by {record.route}: partition {key}", route=record.route,
+        guard=record.guard,
         topk=quality_topk(shard.quality, record.k, shard.ids), device="cpu",
         extra={"partition": key, "config hash": record.config_hash, "device": record.device,
                "solver": f"{record.solver} (ran {record.route})", "steps": record.steps},
@@ -122,7 +123,8 @@ def shard_report(context: dg.AssetExecutionContext, data_root: DataRoot,
     """The shard report of one partition's selection (``reports/<key>/``: ``report.html``,
     PNG figures, ``report_metrics.json``, ``report.md``): optimisation curve, quality
     distributions, embedding projection, eigen-spectrum flatness, retention per source, and
-    the whole-shard scores of DATAMASK, quality top-k and random from the mask's record.
+    the whole-shard scores of the selection (named by its route), quality top-k and random from
+    the mask's record.
     Metadata: the page's path, its tables, key metrics; or ``built = false`` and the reason."""
     key = context.partition_key
     if not learner.shard_report:

@@ -278,7 +278,7 @@ def _print_summary(root: str, keys: list, times: dict) -> None:
         try:
             rows = con.execute(
                 "SELECT partition_key, rows_raw, rows_selected, kept_fraction, quality_mean_before, "
-                "quality_mean_after, f_datamask, f_quality_topk, f_random, selected_uri "
+                "quality_mean_after, f_selection, f_quality_topk, f_random, selected_uri, route "
                 "FROM shards ORDER BY partition_key").fetchall()
         finally:
             con.close()
@@ -288,9 +288,9 @@ def _print_summary(root: str, keys: list, times: dict) -> None:
     print(f"Corpus catalog (DuckDB): {catalog}")
     print(f"Corpus report: {storage.join(data_root.corpus_report_dir(), 'corpus_report.html')}")
     print(f"Shard reports: {storage.join(root, 'reports')}/<shard>/report.html\n")
-    hdr = ("shard", "rows", "selected", "kept", "q before", "q after", "f DATAMASK", "f top-k",
-           "f random", "time s")
-    fmt = "{:<12} {:>7} {:>8} {:>6} {:>8} {:>8} {:>10} {:>10} {:>10} {:>7}"
+    hdr = ("shard", "rows", "selected", "kept", "q before", "q after", "f selection", "f top-k",
+           "f random", "time s", "route")
+    fmt = "{:<12} {:>7} {:>8} {:>6} {:>8} {:>8} {:>11} {:>10} {:>10} {:>7}  {}"
     print(fmt.format(*hdr))
 
     def f(v, spec):
@@ -301,10 +301,11 @@ def _print_summary(root: str, keys: list, times: dict) -> None:
         tot_raw += r[1]
         tot_sel += r[2]
         print(fmt.format(r[0], r[1], r[2], f(r[3], ".1%"), f(r[4], ".4f"), f(r[5], ".4f"),
-                         f(r[6], ".5f"), f(r[7], ".5f"), f(r[8], ".5f"), f(times.get(r[0]), ".1f")))
+                         f(r[6], ".5f"), f(r[7], ".5f"), f(r[8], ".5f"), f(times.get(r[0]), ".1f"),
+                         r[10] or "-"))
     if rows:
         print(fmt.format("total", tot_raw, tot_sel, f(tot_sel / tot_raw, ".1%"), "", "", "", "", "",
-                         f(sum(times.values()), ".1f")))
+                         f(sum(times.values()), ".1f"), ""))
     missing = sorted(set(keys) - {r[0] for r in rows})
     if missing:
         print(f"no selection for: {', '.join(missing)}")

@@ -19,7 +19,7 @@ Aggregation rules. Row counts add up. Mean quality before is weighted by shard r
 kept rows (so it is the mean over the union of the selected subsets). Objective values are
 per-shard means (f_qua is a mean over the subset, the diversity terms are normalised), so the
 corpus numbers for them are plain means over shards plus min / max and a count of the shards
-where DATAMASK beats quality top-k; they are only comparable when every shard used the same
+where the selection beats quality top-k; they are only comparable when every shard used the same
 lambda and algorithm, which the page checks and flags.
 """
 
@@ -47,8 +47,8 @@ __all__ = [
 MAX_MARKDOWN_ROWS = 200
 FIGURE_CAPTIONS = {
     "overview": "Per shard: kept fraction (dotted: the corpus), mean quality of the shard, the "
-                "DATAMASK subset and the quality top-k subset, and the whole-shard objective "
-                "gain of DATAMASK over quality top-k.",
+                "selected subset and the quality top-k subset, and the whole-shard objective "
+                "gain of the selection over quality top-k (each shard's route is in the table).",
 }
 
 
@@ -89,7 +89,7 @@ def _figure(rows: list[dict], totals: dict) -> bytes:
 
     w = 0.27
     for vals, off, c, label in ((col("quality_mean_before"), -w, COLORS["shard"], "shard (before)"),
-                                (col("quality_mean_after"), 0.0, COLORS["datamask"], "DATAMASK (after)"),
+                                (col("quality_mean_after"), 0.0, COLORS["datamask"], "selection (after)"),
                                 (col("quality_mean_topk"), w, COLORS["topk"], "quality top-k")):
         ax2.bar(xs + off, vals, width=w, color=c, label=label)
     ax2.set_ylabel("mean quality", fontsize=9.5)
@@ -98,7 +98,7 @@ def _figure(rows: list[dict], totals: dict) -> bytes:
 
     gain = col("gain_f_over_topk")
     colors = [COLORS["datamask"] if g >= 0 else COLORS["topk"] for g in np.nan_to_num(gain)]
-    ax3.bar(xs, gain, color=colors, width=0.7, label="DATAMASK − top-k")
+    ax3.bar(xs, gain, color=colors, width=0.7, label="selection − top-k")
     greedy_gain = col("f_greedy") - col("f_topk")
     if np.isfinite(greedy_gain).any():
         ax3.plot(xs, greedy_gain, ls="none", marker="_", ms=max(5.0, min(22.0, 260.0 / max(1, s))), mew=2.2, color=COLORS["greedy"],
@@ -108,12 +108,12 @@ def _figure(rows: list[dict], totals: dict) -> bytes:
         from matplotlib.patches import Patch
 
         handles, _ = ax3.get_legend_handles_labels()
-        handles.append(Patch(color=COLORS["topk"], label="DATAMASK − top-k < 0 (top-k better)"))
+        handles.append(Patch(color=COLORS["topk"], label="selection − top-k < 0 (top-k better)"))
         ax3.legend(handles=handles, **side)
     else:
         ax3.legend(**side)
     ax3.set_ylabel("f − f(quality top-k)", fontsize=9.5)
-    ax3.set_title("Objective gain over quality top-k (whole shard; > 0: DATAMASK better)",
+    ax3.set_title("Objective gain over quality top-k (whole shard; > 0: the selection better)",
                   fontsize=10.5)
     ax3.ticklabel_format(axis="y", style="sci", scilimits=(-3, 4), useMathText=True)
     missing = ~np.isfinite(gain)
@@ -139,9 +139,9 @@ def _figure(rows: list[dict], totals: dict) -> bytes:
 
 # ----------------------------------------------------------------------- text
 _COLUMNS = (
-    ("shard", "shard"), ("rows", "n_rows"), ("kept", "k_selected"), ("kept %", "kept_fraction"),
+    ("shard", "shard"), ("route", "route"), ("rows", "n_rows"), ("kept", "k_selected"), ("kept %", "kept_fraction"),
     ("quality before", "quality_mean_before"), ("quality after", "quality_mean_after"),
-    ("quality top-k", "quality_mean_topk"), ("f DATAMASK", "f_datamask"),
+    ("quality top-k", "quality_mean_topk"), ("f selection", "f_datamask"),
     ("f top-k", "f_topk"), ("f random", "f_random"), ("gain over top-k", "gain_f_over_topk"),
     ("gap closed vs greedy", "gap_closed_vs_greedy"),
 )
@@ -149,8 +149,8 @@ _COLUMNS = (
 
 def _cell(row: dict, fld: str) -> str:
     v = row.get(fld)
-    if fld == "shard":
-        return str(v)
+    if fld in ("shard", "route"):
+        return "–" if v is None else str(v)
     if v is None:
         return "–"
     if fld in ("n_rows", "k_selected"):
@@ -162,6 +162,8 @@ def _cell(row: dict, fld: str) -> str:
 
 def _columns(rows: list[dict]) -> list[tuple[str, str]]:
     cols = list(_COLUMNS)
+    if not any(r.get("route") for r in rows):
+        cols = [c for c in cols if c[1] != "route"]
     if not any(r.get("gap_closed_vs_greedy") is not None for r in rows):
         cols = [c for c in cols if c[1] != "gap_closed_vs_greedy"]
     return cols
@@ -179,14 +181,14 @@ def _totals_lines(t: dict) -> list[tuple[str, str]]:
         out.append(("f gain over quality top-k: mean (min … max)",
                     f"{_fmt(t['gain_f_over_topk_mean'])} ({_fmt(t['gain_f_over_topk_min'])} … "
                     f"{_fmt(t['gain_f_over_topk_max'])})"))
-        out.append(("shards where DATAMASK beats quality top-k",
+        out.append(("shards where the selection beats quality top-k",
                     f"{int(t['shards_beating_topk'])} of {int(t['shards_with_gain'])}"))
     if "gain_f_over_random_mean" in t:
         out.append(("f gain over random: mean", _fmt(t["gain_f_over_random_mean"])))
     if "gap_closed_vs_greedy_mean" in t:
         out.append(("gap to greedy closed: mean", _fmt(t["gap_closed_vs_greedy_mean"])))
     if "spectrum_flatness_selected_mean" in t:
-        out.append(("spectrum flatness: DATAMASK / top-k (mean)",
+        out.append(("spectrum flatness: selection / top-k (mean)",
                     f"{_fmt(t['spectrum_flatness_selected_mean'], 4)} / "
                     f"{_fmt(t.get('spectrum_flatness_topk_mean'), 4)}"))
     return out
@@ -232,7 +234,7 @@ def _html_page(title, rows, totals, figures, links, extra, algorithm, lamb_note)
 def build_corpus_report(
     shard_metrics: Mapping[str, Mapping],
     *,
-    title: str = "DATAMASK corpus report",
+    title: str = "Corpus selection report",
     algorithm: str | None = None,
     links: Mapping[str, str] | None = None,
     extra: dict | None = None,

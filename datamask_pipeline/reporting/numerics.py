@@ -451,6 +451,21 @@ def source_metrics(ret: dict, max_shown: int = MAX_SOURCES_SHOWN) -> dict:
     return out
 
 
+# ================================================================== labels
+def selection_label(route: str | None = None, guard: str | None = None) -> str:
+    """How a user sees the selection named: by the route that produced it. "DATAMASK" only
+    when the policy-gradient learner ran (routes ``paper``, ``paper+polish``); a guard that
+    returned a reference selection instead says so."""
+    if not route:
+        return "selection"
+    name = f"DATAMASK ({route})" if route in ("paper", "paper+polish") else route
+    if guard:
+        returned = guard.split(" scored", 1)[0].replace("quality_topk", "quality top-k") \
+                        .replace("learner_readout", "learner read-out")
+        name += f" → {returned} (guard)"
+    return name
+
+
 # ================================================================== corpus
 # corpus row field -> shard report metric key
 ROW_FIELDS = {
@@ -492,7 +507,7 @@ def corpus_rows_from_metrics(shard_metrics: Mapping[str, Mapping]) -> list[dict]
     rows = []
     for key in sorted(shard_metrics, key=str):
         m = shard_metrics[key] or {}
-        row = {"shard": str(key)}
+        row = {"shard": str(key), "route": str(m["route"]) if m.get("route") else None}
         for fld, src in ROW_FIELDS.items():
             row[fld] = finite_or_none(m.get(src))
         for cnt in ("n_rows", "k_selected"):
@@ -514,7 +529,7 @@ def corpus_totals(rows: list[dict]) -> dict:
     Row counts add up. Mean quality before is weighted by shard rows, after (and top-k) by
     kept rows, over the shards that have both counts. Objective values are per-shard means,
     so their aggregates are plain means over shards (with min / max for the gains) and a
-    count of the shards where DATAMASK beats quality top-k."""
+    count of the shards where the selection beats quality top-k."""
     t: dict = {"n_shards": float(len(rows))}
     counted = [r for r in rows if r["n_rows"] is not None and r["k_selected"] is not None]
     n_tot = sum(r["n_rows"] for r in counted)

@@ -22,6 +22,7 @@ footing.
 from __future__ import annotations
 
 import base64
+import contextvars
 import functools
 import io
 import json
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .numerics import (  # noqa: F401  (re-exported: the reporting package's public numerics)
+    selection_label,
     MAX_SOURCES_SHOWN,
     OTHER_SOURCES,
     PROJECTION_MAX_POINTS,
@@ -74,12 +76,23 @@ COLORS = {
     "neither": "#c9c9c9",
     "shard": "#b0b0b0",
 }
-LABELS = {
-    "datamask": "DATAMASK",
+# The selection's label: set per report by build_shard_report (selection_label of its route).
+_SELECTION_LABEL: contextvars.ContextVar[str] = contextvars.ContextVar("selection_label",
+                                                                      default="selection")
+
+
+class _Labels(dict):
+    def __missing__(self, key):
+        if key == "datamask":
+            return _SELECTION_LABEL.get()
+        raise KeyError(key)
+
+
+LABELS = _Labels({
     "topk": "quality top-k",
     "random": "random",
     "greedy": "greedy",
-}
+})
 MAX_SOURCES_IN_TABLE = 60  # rows of the HTML table (figure bars, markdown rows: MAX_SOURCES_SHOWN)
 _DPI = 110
 # set name -> the suffix of its spectrum_flatness_* metric
@@ -222,7 +235,7 @@ def _figure_curve(history, algorithm, lamb, levels: dict) -> bytes:
         Line2D([], [], color=COLORS["datamask"], lw=1.6, label="learner: mean over rollouts (batch-level)"),
         Line2D([], [], color=COLORS["datamask_light"], lw=1.1, ls="--", label="learner: best rollout (batch-level)"),
         Line2D([], [], color=COLORS["datamask"], marker="*", ms=12, mec="black", mew=0.6, ls="none",
-               label="DATAMASK final subset (whole shard)"),
+               label=f"{LABELS['datamask']} final subset (whole shard)"),
     ]
     for name, style in ref_style.items():
         if name in levels:
@@ -245,7 +258,7 @@ def _figure_quality(hist: QualityHistograms) -> bytes:
     ax.stairs(dens["topk"], e, lw=1.8, color=COLORS["topk"],
               label=f"quality top-k (mean {mean['topk']:.4g})")
     ax.stairs(dens["datamask"], e, lw=1.8, color=COLORS["datamask"],
-              label=f"DATAMASK (k={cnt['datamask']:,}, mean {mean['datamask']:.4g})")
+              label=f"{LABELS['datamask']} (k={cnt['datamask']:,}, mean {mean['datamask']:.4g})")
     for name, c, ls in (("shard", COLORS["random"], ":"), ("topk", COLORS["topk"], "--"),
                         ("datamask", COLORS["datamask"], "--")):
         ax.axvline(mean[name], color=c, ls=ls, lw=1.2)
@@ -274,7 +287,7 @@ def _figure_projection(coords, ratio, sel_s, topk_s, n_total: int) -> bytes:
         (neither, COLORS["neither"], 5, 0.5, "neither"),
         (both, COLORS["both"], 42, 0.65, "both"),
         (topk_only, COLORS["topk"], 13, 0.9, "quality top-k only"),
-        (sel_only, COLORS["datamask"], 11, 0.9, "DATAMASK only"),
+        (sel_only, COLORS["datamask"], 11, 0.9, f"{LABELS['datamask']} only"),
     ]
     for m, c, s, a, label in groups:
         ax.scatter(coords[m, 0], coords[m, 1], s=s, c=c, alpha=a, linewidths=0,
@@ -305,7 +318,7 @@ def _figure_spectrum(spectra: dict, flat: dict, d: int) -> bytes:
         "datamask": dict(color=COLORS["datamask"], lw=1.8, ls="-"),
     }
     names = {"shard": "whole shard (all rows)", "random": "random subset (same k)",
-             "greedy": "greedy", "topk": "quality top-k", "datamask": "DATAMASK"}
+             "greedy": "greedy", "topk": "quality top-k", "datamask": LABELS["datamask"]}
     floor = 1e-12
     for key in ("shard", "random", "greedy", "topk", "datamask"):
         if key not in spectra:
@@ -335,7 +348,7 @@ def _figure_sources(ret: dict, kept_fraction: float) -> bytes:
     xs = np.arange(s)
     w = 0.27
     share = [(ret["share_shard"], COLORS["shard"], "shard"),
-             (ret["share_selected"], COLORS["datamask"], "DATAMASK")]
+             (ret["share_selected"], COLORS["datamask"], LABELS["datamask"])]
     if ret["topk"] is not None:
         share.append((ret["share_topk"], COLORS["topk"], "quality top-k"))
     off = (np.arange(len(share)) - (len(share) - 1) / 2) * w
@@ -343,7 +356,7 @@ def _figure_sources(ret: dict, kept_fraction: float) -> bytes:
         ax1.bar(xs + o, vals, width=w, color=c, label=label)
     ax1.set_title("Share of each set by source", fontsize=10.5)
     ax1.set_ylabel("share", fontsize=9.5)
-    ret_sets = [(ret["retention_selected"], COLORS["datamask"], "DATAMASK")]
+    ret_sets = [(ret["retention_selected"], COLORS["datamask"], LABELS["datamask"])]
     if ret["topk"] is not None:
         ret_sets.append((ret["retention_topk"], COLORS["topk"], "quality top-k"))
     off2 = (np.arange(len(ret_sets)) - (len(ret_sets) - 1) / 2) * w
@@ -404,7 +417,19 @@ FIGURE_CAPTIONS = {
 }
 
 
-def build_shard_report(
+def build_shard_report(*args, route: str | None = None, guard: str | None = None, **kwargs) -> ShardReport:
+    """One shard's report (the parameters of :func:`_build_shard_report`). ``route`` (and
+    ``guard``) name the selection in every label, figure and table of the page: the route that
+    produced it (:func:`numerics.selection_label`), "DATAMASK" only where the learner ran;
+    without a route it is called "selection"."""
+    token = _SELECTION_LABEL.set(selection_label(route, guard))
+    try:
+        return _build_shard_report(*args, **kwargs)
+    finally:
+        _SELECTION_LABEL.reset(token)
+
+
+def _build_shard_report(
     x,
     q,
     selected,

@@ -64,3 +64,14 @@ def test_route_table_changes_when_the_table_changes(monkeypatch):
     after = solver_table.routes_markdown()
     assert after != before and after not in README
     assert "| DiSF | 5,000 | `sgreedy+polish` |" in after
+
+
+def test_readme_opening_says_what_the_default_runs():
+    """Issue 20 item 13: the opening no longer says the chain is mask learning on the GPU; it
+    names the routes `auto` takes, and they are the routes route_for takes."""
+    opening = " ".join(README.split("## Two commands", 1)[0].split())
+    assert "mask learning on the GPU" not in opening
+    assert "it learns no mask" in opening
+    assert auto_route("DiSF", 20_000) == "topk+polish" and "`topk+polish`" in opening
+    assert auto_route("Facility", 100_000) == "greedy"
+    assert "greedy for facility location on the sparse similarity" in opening

@@ -141,7 +141,7 @@ def test_corpus_summary_catalog(registered, run_chain, instance, resources, data
     assert registered[1] in meta["corpus_report"].value
     path = data_root.catalog()
     with duckdb.connect(path, read_only=True) as con:
-        rows = con.execute("SELECT partition_key, rows_raw, rows_selected, algorithm, f_datamask, "
+        rows = con.execute("SELECT partition_key, rows_raw, rows_selected, algorithm, f_selection, "
                            "f_quality_topk, f_random FROM shards ORDER BY 1").fetchall()
         assert [r[:4] for r in rows] == [(k, ROWS, K, "DiSF") for k in registered[:2]]
         assert all(math.isfinite(v) for r in rows for v in r[4:])

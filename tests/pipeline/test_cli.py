@@ -110,7 +110,7 @@ def test_demo_command(cli_env):
         assert str(path) in out.stdout
         assert pq.read_metadata(path).num_rows == round(0.1 * ROWS)
         assert os.path.isfile(data / "reports" / key / "report.html")
-    assert "f DATAMASK" in out.stdout and "total" in out.stdout
+    assert "f selection" in out.stdout and "route" in out.stdout and "total" in out.stdout
     assert (data / "catalog.duckdb").is_file()
     with _instance(cli_env) as inst:  # the runs are in the instance the UI opens
         runs = inst.get_runs(dg.RunsFilter(job_name="datamask_job"))

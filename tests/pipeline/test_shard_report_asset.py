@@ -20,6 +20,7 @@ from assets.report import rebuilt_database
 from assets.shard_report import shard_report
 from datamask_pipeline.jobs import CHAIN
 from datamask_pipeline.engine.storage import mask_file
+from datamask_pipeline.reporting.numerics import selection_label
 from resources.learner import MaskLearner
 
 from .conftest import _FAST_TMP
@@ -79,7 +80,10 @@ def test_report_asset_runs_after_mask_outside_the_gpu_pool(registered, run_chain
     assert rmeta["built"].value is True
     html = rmeta["report_html"].value
     assert html == os.path.join(data_root.report_dir(key), "report.html") and os.path.isfile(html)
-    assert "DATAMASK" in rmeta["report"].value
+    # the selection is named by its route, DATAMASK only where the learner ran (issue 20 item 13)
+    report_md = rmeta["report"].value
+    assert f"| {selection_label(mmeta['route'].value, mmeta['guard'].value)} |" in report_md
+    assert ("DATAMASK" in report_md) == (mmeta["route"].value in ("paper", "paper+polish"))
     with open(os.path.join(data_root.report_dir(key), "report_metrics.json")) as fh:
         metrics = json.load(fh)
     assert mats["shard_report"].tags["dagster/data_version"] == \
@@ -153,9 +157,12 @@ def test_corpus_summary_reads_scores_from_files_not_the_event_log(registered, ru
     assert meta["shards_in_catalog"].value == len(registered)
     assert meta["catalog_uri"].value == data_root.catalog()
     with duckdb.connect(data_root.catalog(), read_only=True) as con:
-        rows = con.execute("SELECT partition_key, algorithm, lamb, f_datamask, f_quality_topk, "
-                           "f_random, f_qua_datamask, f_div_datamask, spectrum_flatness_selected, "
-                           "report_uri FROM shards ORDER BY 1").fetchall()
+        rows = con.execute("SELECT partition_key, algorithm, lamb, f_selection, f_quality_topk, "
+                           "f_random, f_qua_selection, f_div_selection, spectrum_flatness_selected, "
+                           "report_uri, solver, route, guard FROM shards ORDER BY 1").fetchall()
+        columns = [r[0] for r in con.execute("DESCRIBE shards").fetchall()]
+    # scores are named by the route that produced them, not "datamask" (issue 20 item 13)
+    assert not [c for c in columns if "datamask" in c]
     for row, key in zip(rows, registered):
         rec = records[key]
         assert row[:8] == (key, rec.term, rec.lamb, rec.f("datamask"), rec.f("quality_topk"),
@@ -164,6 +171,7 @@ def test_corpus_summary_reads_scores_from_files_not_the_event_log(registered, ru
         with open(os.path.join(data_root.report_dir(key), "report_metrics.json")) as fh:
             assert row[8] == json.load(fh)["spectrum_flatness_selected"]
         assert row[9] == os.path.join(data_root.report_dir(key), "report.html")
+        assert row[10:] == (rec.solver, rec.route, rec.guard) and row[11]
         assert all(math.isfinite(v) for v in row[2:9])
 
 

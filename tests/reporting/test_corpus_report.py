@@ -90,7 +90,7 @@ def test_page_is_self_contained_and_lists_every_shard(corpus, shards):
     for key in shards:
         assert f"<td>{key}</td>" in corpus.html
         assert f"| {key} |" in corpus.markdown
-    assert "| shards where DATAMASK beats quality top-k |" in corpus.markdown
+    assert "| shards where the selection beats quality top-k |" in corpus.markdown
 
 
 def test_links_are_the_only_hyperlinks_and_are_escaped(shards):

@@ -314,3 +314,24 @@ def test_a_failed_write_publishes_no_page_and_leaves_no_temp_files(report, tmp_p
     assert len(files) == 2 and not [f for f in files if f.startswith(".")]
     for f in files:
         _png_image((out_dir / f).read_bytes())  # what did appear is complete
+
+
+def test_selection_is_labelled_by_its_route(shard_run):
+    """Issue 20 item 13: the report names the route that produced the selection; "DATAMASK"
+    only where the learner ran; a guard that returned top-k says so."""
+    from datamask_pipeline.reporting.numerics import selection_label
+
+    assert selection_label(None) == "selection"
+    assert selection_label("topk+polish") == "topk+polish"
+    assert selection_label("greedy") == "greedy"
+    assert selection_label("paper+polish") == "DATAMASK (paper+polish)"
+    assert selection_label("topk+polish", "quality_topk scored f=0.5 on the whole shard, above "
+                           "topk+polish's 0.4: returned quality_topk") == \
+        "topk+polish → quality top-k (guard)"
+    rep = _report(shard_run, route="sgreedy+polish")
+    assert "| sgreedy+polish |" in rep.markdown and "DATAMASK" not in rep.markdown
+    assert "sgreedy+polish" in rep.html and "DATAMASK" not in rep.html
+    plain = _report(shard_run)
+    assert "| selection |" in plain.markdown and "DATAMASK" not in plain.markdown
+    learned = _report(shard_run, route="paper")
+    assert "| DATAMASK (paper) |" in learned.markdown
