@@ -30,7 +30,7 @@ EXPECTED_ASSETS = {
                             partitions="shards", kinds=["parquet", "pyarrow"],
                             code_version="selected-1", executable=True),
     "corpus_summary": dict(group="corpus", deps=["mask", "selected_subset", "shard_report"],
-                           partitions=None, kinds=["duckdb"], code_version="catalog-2",
+                           partitions=None, kinds=["duckdb"], code_version="catalog-3",
                            executable=True),
     # the corpus stage: one selection over every shard, then each shard's rows
     "corpus_selection": dict(group="corpus", deps=["features"], partitions=None,
