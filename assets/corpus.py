@@ -125,7 +125,9 @@ def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) 
         tokens = None
         if config.select_tokens is not None:
             tokens = _tokens(data_root.raw_shard(key), config, contract.text_column or None)
+        info = fs.get_file_info(path)
         out.append(CorpusShard(key=key, n=int(n), tokens=tokens,
+                               version=f"{info.size}:{info.mtime_ns}",
                                load=lambda uri=uri: read_features(uri, contract)))
     return out, excluded
 
@@ -202,12 +204,15 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
         for key, why in excluded.items():
             context.log.warning(f"corpus: shard {key} left out: {why}; the budget is taken "
                                 "from the other shards")
+        # a killed or retried run resumes from the per-shard and per-round checkpoints
+        ckpt = storage.join(data_root.root, "checkpoints", "corpus")
+        ckpt = storage.resolve(ckpt)[1] if storage.is_local(ckpt) else None
         with learner.session() as device:
             result = select_corpus(
                 shards_, cfg, budget, mode=config.mode, device=device,
                 gather_max_rows=config.gather_max_rows, blocks=config.blocks,
                 candidates=config.exchange_candidates, max_rounds=config.exchange_max_rounds,
-                log=context.log.info)
+                checkpoint_dir=ckpt, log=context.log.info)
     except (ConfigError, DataContractError, ValueError) as exc:
         raise dg.Failure(description=f"corpus_selection: {exc}", allow_retries=False) from exc
 

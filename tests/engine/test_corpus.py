@@ -225,3 +225,40 @@ def test_exchange_spills_shards_when_the_corpus_does_not_fit(tmp_path):
                             mode="exchange", gather_max_rows=100, workdir=str(tmp_path))
     assert all(np.array_equal(held.selected[k], spilled.selected[k]) for k in held.selected)
     assert list(tmp_path.iterdir()) == []  # the spilled copies are removed
+
+
+def test_a_killed_exchange_resumes_from_its_checkpoints(tmp_path):
+    x, q, ids, source = _corpus(2000, 32)
+    files = make_cuts(q, source, 4)["sorted_by_quality"]
+    cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi", lamb=0.7)
+    budget = CorpusBudget.of(select_rows=200)
+    clean = select_corpus(_shards(x, q, ids, files), cfg, budget, mode="exchange")
+    assert len(clean.rounds) >= 3
+
+    class Killed(Exception):
+        pass
+
+    def kill(info):
+        if info["round"] == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        select_corpus(_shards(x, q, ids, files), cfg, budget, mode="exchange",
+                      checkpoint_dir=str(tmp_path), on_round=kill)
+    reads = []
+
+    def counted(r):
+        reads.append(1)
+        return Part(x[r], q[r], ids[r])
+
+    shards = [CorpusShard(key=f"f{i:02d}", n=len(r), load=lambda r=r: counted(r))
+              for i, r in enumerate(files)]
+    log = []
+    resumed = select_corpus(shards, cfg, budget, mode="exchange", checkpoint_dir=str(tmp_path),
+                            log=log.append)
+    assert any("from the checkpoint of an earlier attempt" in m for m in log)
+    assert any("resuming the exchange after round 2" in m for m in log)
+    # the same selection as a run that was never killed: nothing lost, nothing twice
+    assert all(np.array_equal(resumed.selected[k], clean.selected[k]) for k in clean.selected)
+    assert [r["round"] for r in resumed.rounds] == [r["round"] for r in clean.rounds]
+    assert list(tmp_path.iterdir()) == []  # checkpoints removed once finished

@@ -62,14 +62,21 @@ def exchange_rounds(
     rtol: float = 1e-7,
     time_budget_s: float | None = None,
     on_round: Callable | None = None,
+    resume: tuple | None = None,
+    on_state: Callable | None = None,
 ) -> ExchangeResult:
     """Run exchange rounds from ``selected`` (per shard bool masks, k members in all).
 
     ``shards`` are (x, q) pairs per shard (arrays or memory maps, read one chunk at a time);
     only the candidates' rows are held at once. Stops when a round accepts no swap or raises
     f by less than ``rtol`` · |f| (``converged``), after ``max_rounds``, or when
-    ``time_budget_s`` runs out."""
+    ``time_budget_s`` runs out. ``resume`` = (rounds done, masks, round log) continues a
+    killed run; ``on_state(rounds done, masks, round log)`` is called after every round (to
+    checkpoint it)."""
     t_start = time.perf_counter()
+    first, done_log = 0, []
+    if resume is not None:
+        first, selected, done_log = resume
     sel = [np.asarray(s, dtype=bool).copy() for s in selected]
     if sum(int(s.sum()) for s in sel) != k:
         raise ValueError("exchange: the start does not hold k rows")
@@ -81,8 +88,13 @@ def exchange_rounds(
                 parts = stats.add(parts, stats.rows(np.asarray(x[c:c + m.size])[m]),
                                   q[c:c + m.size][m])
     f_now = stats.f(parts, k)["f"]
-    out = ExchangeResult(selected=sel)
-    for r in range(max_rounds):
+    out = ExchangeResult(selected=sel, rounds=list(done_log))
+    if done_log and (done_log[-1]["swaps"] == 0 or done_log[-1]["f"] - done_log[-1]["f_before"]
+                     < rtol * max(abs(done_log[-1]["f"]), 1e-12)):
+        out.converged = True  # the killed run had finished its last round
+        out.f = stats.f(parts, k)
+        return out
+    for r in range(first, max_rounds):
         t0 = time.perf_counter()
         f_before = f_now
         grad = stats.gradient(parts, k)
@@ -144,6 +156,8 @@ def exchange_rounds(
         info = {"round": r + 1, "swaps": len(swaps), "f_before": f_before, "f": f_now,
                 "seconds": time.perf_counter() - t0, "bytes_exchanged": int(sent)}
         out.rounds.append(info)
+        if on_state is not None:
+            on_state(r + 1, sel, out.rounds)
         if on_round is not None:
             on_round(info)
         if not swaps or f_now - f_before < rtol * max(abs(f_now), 1e-12):

@@ -48,6 +48,7 @@ class CorpusShard:
     n: int
     load: Callable
     tokens: np.ndarray | None = None
+    version: str | None = None  # e.g. the features file's content hash: part of checkpoint keys
 
 
 @dataclass
@@ -238,6 +239,7 @@ def select_corpus(
     time_budget_s: float | None = None,
     on_round: Callable | None = None,
     workdir: str | None = None,
+    checkpoint_dir: str | None = None,
     log: Callable = lambda msg: None,
 ) -> CorpusSelection:
     """Select ``budget`` of the corpus made of ``shards`` (:class:`CorpusShard`) for ``cfg``'s
@@ -245,7 +247,9 @@ def select_corpus(
     the whole corpus. Budget errors are raised before any shard is read. Shards are held in
     memory together only when the corpus fits one selection; otherwise they are read one at a
     time, and the exchange rounds read them back from float32 copies under ``workdir`` (a
-    temporary directory when unset), removed at the end."""
+    temporary directory when unset), removed at the end. With ``checkpoint_dir`` (a local
+    directory) each shard's start selection and every exchange round are checkpointed, so a
+    killed run resumes where it stopped; the checkpoints are removed when it finishes."""
     from ..device import resolve_device
 
     t_start = time.perf_counter()
@@ -311,6 +315,11 @@ def select_corpus(
     rounds, converged, route = [], None, ""
     shard_routes: dict = {}
     timings: dict = {}
+    from .checkpoint import Checkpoints
+
+    ckpt = Checkpoints(checkpoint_dir if chosen in ("per_shard", "exchange") else None, {
+        "config": cfg.config_hash(), "mode": chosen, "k": k, "candidates": candidates,
+        "shards": [(s.key, s.n, s.version) for s in shards]})
     t0 = time.perf_counter()
     if chosen == "gather":
         g = _Gathered([loaded(i) for i in range(len(shards))])
@@ -334,16 +343,23 @@ def select_corpus(
             alloc = allocate([s.n for s in shards], k)
             per = []
             for i, s in enumerate(shards):
-                rows, r = _select_part(loaded(i), int(alloc[i]), cfg, dev, mem_budget)
+                done = ckpt.load_part(i)
+                if done is not None:
+                    rows, r = done
+                    log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r}), from the "
+                        "checkpoint of an earlier attempt")
+                else:
+                    rows, r = _select_part(loaded(i), int(alloc[i]), cfg, dev, mem_budget)
+                    ckpt.save_part(i, rows, r)
+                    log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r})")
                 per.append(rows)
                 shard_routes[s.key] = r
-                log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r})")
             route = ", ".join(sorted(set(shard_routes.values())))
             timings["shards_s"] = time.perf_counter() - t0
             if chosen == "exchange":
                 glob, priority, rounds, converged = _exchange(
                     shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
-                    log, spill=not keep, workdir=workdir)
+                    log, spill=not keep, workdir=workdir, ckpt=ckpt)
                 route = f"exchange rounds from per-shard {route}"
             else:
                 glob = np.concatenate([r + offsets[i] for i, r in enumerate(per)])
@@ -393,6 +409,7 @@ def select_corpus(
         lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
         selected[s.key] = glob[lo:hi] - offsets[i]
     timings["total_s"] = time.perf_counter() - t_start
+    ckpt.clear()
     return CorpusSelection(
         mode=chosen, requested_mode=mode, budget=budget, term=term_name, lamb=cfg.lamb, n=n,
         k=int(glob.size), selected=selected, route=route, scores=scores, scored_by=scored_by,
@@ -479,7 +496,7 @@ class _DiskRows:
 
 
 def _exchange(shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
-              log, *, spill: bool, workdir: str | None):
+              log, *, spill: bool, workdir: str | None, ckpt=None):
     import shutil
     import tempfile
 
@@ -509,8 +526,13 @@ def _exchange(shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s
             if on_round is not None:
                 on_round(info)
 
+        resume = ckpt.load_round() if ckpt is not None else None
+        if resume is not None:
+            log(f"corpus: resuming the exchange after round {resume[0]} (checkpoint of an "
+                "earlier attempt)")
         res = exchange_rounds(data, sel, st, k, candidates=candidates, max_rounds=max_rounds,
-                              time_budget_s=time_budget_s, on_round=report)
+                              time_budget_s=time_budget_s, on_round=report, resume=resume,
+                              on_state=None if ckpt is None else ckpt.save_round)
     finally:
         data.clear()
         if tmp is not None:
