@@ -89,6 +89,9 @@ def exchange_rounds(
                                   q[c:c + m.size][m])
     f_now = stats.f(parts, k)["f"]
     out = ExchangeResult(selected=sel, rounds=list(done_log))
+    # a round that swaps most of its candidate pairs is limited by them: the next round sends
+    # twice as many (up to 8x), so a budget far from its place moves in few rounds
+    m_round = int(done_log[-1]["next_candidates"]) if done_log else candidates
     if done_log and (done_log[-1]["swaps"] == 0 or done_log[-1]["f"] - done_log[-1]["f_before"]
                      < rtol * max(abs(done_log[-1]["f"]), 1e-12)):
         out.converged = True  # the killed run had finished its last round
@@ -100,7 +103,7 @@ def exchange_rounds(
         grad = stats.gradient(parts, k)
         ins, outs = [], []  # (shard, row) of the candidates
         for si, ((x, q), s) in enumerate(zip(shards, sel)):
-            non, mem = _shard_candidates(stats, grad, x, q, s, candidates)
+            non, mem = _shard_candidates(stats, grad, x, q, s, m_round)
             ins += [(si, int(i)) for i in non]
             outs += [(si, int(i)) for i in mem]
         if not ins or not outs:
@@ -153,8 +156,12 @@ def exchange_rounds(
         for (si, i), (so, o) in swaps:
             sel[si][i] = True
             sel[so][o] = False
-        info = {"round": r + 1, "swaps": len(swaps), "f_before": f_before, "f": f_now,
+        info = {"round": r + 1, "swaps": len(swaps), "candidates": m_round,
+                "f_before": f_before, "f": f_now,
                 "seconds": time.perf_counter() - t0, "bytes_exchanged": int(sent)}
+        if len(swaps) >= 0.5 * min(len(ins), len(outs)):
+            m_round = min(8 * candidates, 2 * m_round)
+        info["next_candidates"] = m_round
         out.rounds.append(info)
         if on_state is not None:
             on_state(r + 1, sel, out.rounds)
