@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from bench.solvers import auto_route, best_route, build_rules, readme_table
-from datamask_pipeline.engine import solver_table
+from datamask_pipeline.engine import routes, solver_table
 from datamask_pipeline.engine.config import LearnerConfig
 from datamask_pipeline.engine.select import route_for
 
@@ -21,7 +21,7 @@ def _cells():
 
 
 def test_readme_route_table_is_rendered_from_route_for():
-    assert solver_table.routes_markdown() in README
+    assert routes.routes_markdown() in README
 
 
 def test_committed_table_is_the_committed_results():
@@ -43,7 +43,7 @@ def test_measured_table_says_what_auto_runs_now():
 
 
 def test_facility_switch_point_is_the_code_and_the_readme_says_it():
-    pts = solver_table.switch_points("Facility")
+    pts = routes.switch_points("Facility")
     assert [r for _, r in pts] == ["topk+polish", "greedy"]
     n = pts[1][0]
     # the sparse similarity begins where n x n float32 exceeds half the 256 MiB CPU budget
@@ -57,11 +57,11 @@ def test_facility_switch_point_is_the_code_and_the_readme_says_it():
 
 def test_route_table_changes_when_the_table_changes(monkeypatch):
     """A different table renders a different README table (so the test above can fail)."""
-    before = solver_table.routes_markdown()
+    before = routes.routes_markdown()
     t = json.loads(json.dumps(solver_table.load()))
     t["rules"]["cpu"]["DiSF"] = [{"max_n": 10**12, "solver": "sgreedy+polish", "why": "x", "lamb": 0.5}]
     monkeypatch.setattr(solver_table, "load", lambda: t)
-    after = solver_table.routes_markdown()
+    after = routes.routes_markdown()
     assert after != before and after not in README
     assert "| DiSF | 5,000 | `sgreedy+polish` |" in after
 

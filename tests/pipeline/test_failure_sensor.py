@@ -51,7 +51,8 @@ def test_failed_shard_is_tagged_and_posted(registered, run_chain, instance, webh
     assert not result.success
     run = _evaluate(instance, result)
     tag = run.tags[FAILURE_TAG]
-    assert tag.startswith("step mask:") and f"partition '{key}'" in tag and "partial=0.001" in tag
+    # the impossible size is refused by the run's first step, before anything is written
+    assert tag.startswith("step features:") and f"partition '{key}'" in tag and "partial=0.001" in tag
     assert received == [{"shard": key, "run_id": result.run_id, "job": run.job_name,
                          "reason": received[0]["reason"]}]
     assert received[0]["reason"].startswith(tag)
