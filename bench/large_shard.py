@@ -151,7 +151,10 @@ def run(args) -> dict:
         row["loadavg_after"] = loadavg()
         if r["rc"] != 0:
             log = r["stdout"] + r["stderr"]
-            i = log.find("PreflightError")
+            # the pre-flight (memory) or the run's first step (an impossible config) refuses it
+            hits = [j for j in (log.find("PreflightError"), log.find("invalid mask configuration"))
+                    if j >= 0]
+            i = min(hits) if hits else -1
             row["refused"] = (log[i:i + 800] if i >= 0 else r["tail"][-1500:])
         else:
             rec = selection_record(wd)
