@@ -7,7 +7,7 @@ corpus summary builds the DuckDB catalog. Checked:
 
 * every run succeeded, no lock error anywhere (worker output, event logs);
 * at least 3 runs were in flight at once (from the runs' own start/end events);
-* every selected row is present exactly once: ``selected/<key>.parquet`` holds exactly the
+* every selected row is present exactly once: ``selected_per_shard/<key>.parquet`` holds exactly the
   rows the mask selected (no loss, no duplicate), and the catalog's ``selected_rows`` view and
   ``shards`` table agree;
 * a second identical backfill is idempotent: features, masks and selected parquet files are
@@ -122,7 +122,7 @@ def _resources(root):
 
 def _outputs(root) -> dict:
     out = {}
-    for d in ("features", "masks", "selected"):
+    for d in ("features", "masks", "selected_per_shard"):
         for p in sorted(glob.glob(os.path.join(root, d, "*"))):
             out[os.path.relpath(p, root)] = read_bytes(p)
     return out
