@@ -262,3 +262,71 @@ def test_a_killed_exchange_resumes_from_its_checkpoints(tmp_path):
     assert all(np.array_equal(resumed.selected[k], clean.selected[k]) for k in clean.selected)
     assert [r["round"] for r in resumed.rounds] == [r["round"] for r in clean.rounds]
     assert list(tmp_path.iterdir()) == []  # checkpoints removed once finished
+
+
+def _planted(n=3000, dim=32, pairs=100, files=4, seed=0):
+    """A corpus with ``pairs`` near-duplicates planted in other files than their originals
+    (cosine >= 0.99, the text plus a footer) and 20 exact text duplicates."""
+    x, q, ids, source = _corpus(n, dim)
+    texts = np.asarray([f"document {i} about {s}" for i, s in enumerate(source)], dtype=object)
+    rng = np.random.default_rng(seed)
+    src = rng.choice(n, pairs + 20, replace=False)
+    near, ex = src[:pairs], src[pairs:]
+    noise = rng.standard_normal((pairs, dim)).astype(np.float32)
+    xd = x[near] + 0.03 * noise * np.linalg.norm(x[near], axis=1, keepdims=True) / np.sqrt(dim)
+    X = np.vstack([x, xd, x[ex]])
+    Q = np.r_[q, q[near] - 1e-3, q[ex]]
+    I = np.r_[ids, 10**6 + np.arange(pairs + 20)]
+    T = np.r_[texts, [texts[i] + "\nShared from the footer." for i in near],
+              [texts[i].upper() + "  " for i in ex]].astype(object)
+    file_of = np.r_[np.arange(n) % files, (np.arange(n)[near] % files + 1) % files,
+                    (np.arange(n)[ex] % files + 2) % files]
+    return X, Q, I, T, file_of, near, ex
+
+
+def test_dedup_finds_planted_duplicates_across_files_and_keeps_the_best():
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+
+    X, Q, I, T, file_of, near, ex = _planted()
+    order = np.lexsort((np.arange(I.size), file_of))
+    X, Q, I, T, file_of = X[order], Q[order], I[order], T[order], file_of[order]
+    row_of = np.concatenate([np.arange((file_of == f).sum()) for f in range(4)])
+    res = deduplicate(X, Q, I, file_of, row_of, T, threshold=0.95)
+    pos = {int(i): j for j, i in enumerate(I)}
+    dropped = {(d["shard"], d["row"]): d for d in res.dropped}
+    for j, orig in enumerate(near):  # the copy (lower quality) goes, the original stays
+        c, o = pos[10**6 + j], pos[int(orig)]
+        d = dropped[(file_of[c], row_of[c])]
+        assert (file_of[o], row_of[o]) not in dropped or dropped[(file_of[o], row_of[o])]["reason"] == "near"
+        assert d["reason"] == "near" and d["cosine"] >= 0.95
+        assert Q[pos[int(I[file_of == d["dup_of_shard"]][d["dup_of_row"]])]] >= Q[c]
+    for j, orig in enumerate(ex):  # equal text up to case and spaces: exact
+        c, o = pos[10**6 + len(near) + j], pos[int(orig)]
+        pair = {(file_of[c], row_of[c]), (file_of[o], row_of[o])}
+        hits = [dropped[p] for p in pair if p in dropped]
+        assert len(hits) == 1 and hits[0]["reason"] == "exact" and hits[0]["cosine"] == 1.0
+    assert res.stats["exact_dropped"] == 20 and res.stats["near_dropped"] >= len(near)
+    assert sum(m.sum() for m in res.keep) == I.size - len(res.dropped)
+    # every dropped row's duplicate is above the threshold, measured independently
+    xn = X / np.linalg.norm(X, axis=1, keepdims=True)
+    for d in list(dropped.values())[:200]:
+        a = np.flatnonzero((file_of == d["shard"]) & (row_of == d["row"]))[0]
+        b = np.flatnonzero((file_of == d["dup_of_shard"]) & (row_of == d["dup_of_row"]))[0]
+        assert float(xn[a] @ xn[b]) >= 0.95 - 1e-6 or d["reason"] == "exact"
+
+
+def test_selection_skips_dropped_rows_and_takes_the_budget_of_the_input():
+    x, q, ids, source = _corpus(2000, 16)
+    files = make_cuts(q, source, 4)["random_blocks"]
+    rng = np.random.default_rng(3)
+    shards = _shards(x, q, ids, files)
+    for s in shards:
+        s.keep = rng.random(s.n) > 0.3
+    cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi")
+    for mode in ("gather", "exchange"):
+        res = select_corpus(shards, cfg, CorpusBudget("fraction", 0.1), mode=mode)
+        assert res.k == 200 and res.n_input == 2000 and res.n == sum(int(s.keep.sum()) for s in shards)
+        for s in shards:
+            assert s.keep[res.selected[s.key]].all()  # no dropped row selected
+    with pytest.raises(ConfigError, match="remain after deduplication"):
+        select_corpus(shards, cfg, CorpusBudget("fraction", 0.8))

@@ -49,6 +49,21 @@ class CorpusShard:
     load: Callable
     tokens: np.ndarray | None = None
     version: str | None = None  # e.g. the features file's content hash: part of checkpoint keys
+    keep: np.ndarray | None = None  # rows that may be selected (deduplication); None = all
+
+    def kept(self) -> "CorpusShard":
+        """This shard restricted to its kept rows (row numbers renumbered; ``keep`` maps them
+        back)."""
+        if self.keep is None:
+            return self
+        keep = np.asarray(self.keep, dtype=bool)
+        if keep.size != self.n:
+            raise ConfigError(f"shard {self.key}: keep mask of {keep.size} rows, {self.n} expected")
+        load = self.load
+        return CorpusShard(
+            key=self.key, n=int(keep.sum()), version=self.version,
+            tokens=None if self.tokens is None else np.asarray(self.tokens)[keep],
+            load=lambda: _Part(*(np.asarray(a)[keep] for a in _arrays(load()))))
 
 
 @dataclass
@@ -74,6 +89,7 @@ class CorpusSelection:
     tokens: dict | None = None
     notes: list = field(default_factory=list)
     shard_routes: dict = field(default_factory=dict)
+    n_input: int | None = None  # rows before deduplication (n: the rows that may be selected)
 
     @property
     def counts(self) -> dict:
@@ -86,10 +102,15 @@ class CorpusSelection:
                 "selected_rows": int(sum(self.counts.values())), "route": self.route,
                 "scores": self.scores, "scored_by": self.scored_by, "rounds": self.rounds,
                 "converged": self.converged, "timings": self.timings, "tokens": self.tokens,
-                "notes": self.notes, "counts": self.counts, "shard_routes": self.shard_routes}
+                "notes": self.notes, "counts": self.counts, "shard_routes": self.shard_routes,
+                "n_input": self.n_input}
 
 
 # ------------------------------------------------------------------ helpers
+def _arrays(sh):
+    return sh.embeddings, sh.quality, sh.ids
+
+
 class _Gathered:
     """Shards concatenated into one shard-like object, its rows in order of the original id
     (so the result does not depend on how the corpus was cut into files), with its position
@@ -240,6 +261,7 @@ def select_corpus(
     on_round: Callable | None = None,
     workdir: str | None = None,
     checkpoint_dir: str | None = None,
+    budget_of_input: bool = True,
     log: Callable = lambda msg: None,
 ) -> CorpusSelection:
     """Select ``budget`` of the corpus made of ``shards`` (:class:`CorpusShard`) for ``cfg``'s
@@ -249,7 +271,10 @@ def select_corpus(
     time, and the exchange rounds read them back from float32 copies under ``workdir`` (a
     temporary directory when unset), removed at the end. With ``checkpoint_dir`` (a local
     directory) each shard's start selection and every exchange round are checkpointed, so a
-    killed run resumes where it stopped; the checkpoints are removed when it finishes."""
+    killed run resumes where it stopped; the checkpoints are removed when it finishes.
+
+    Rows outside a shard's ``keep`` mask (duplicates) are never selected; a fraction budget is
+    of the input rows (``budget_of_input``, default) or of the kept rows."""
     from ..device import resolve_device
 
     t_start = time.perf_counter()
@@ -261,6 +286,10 @@ def select_corpus(
     if len(set(keys)) != len(keys):
         raise ConfigError("corpus: shard keys repeat")
     dev = resolve_device(device)
+    n_input = int(sum(s.n for s in shards))
+    maps = [None if s.keep is None else np.flatnonzero(np.asarray(s.keep, dtype=bool))
+            for s in shards]
+    shards = [s.kept() for s in shards]
     n = int(sum(s.n for s in shards))
     tokens_total = None
     if budget.kind == "tokens":
@@ -270,7 +299,13 @@ def select_corpus(
                               f"{missing[:5]} have none (set token_column, or a text column and "
                               f"a tokenizer)")
         tokens_total = int(sum(int(np.sum(s.tokens, dtype=np.int64)) for s in shards))
-    k = budget.rows(n, tokens_total)
+    if budget.kind == "fraction" and budget_of_input and n_input != n:
+        k = budget.rows(n_input)
+        if k >= n:
+            raise ConfigError(f"corpus budget: {budget.label} of the {n_input:,} input rows is "
+                              f"{k:,} rows, but only {n:,} remain after deduplication")
+    else:
+        k = budget.rows(n, tokens_total)
     term_name = cfg.term_label
     notes: list = []
 
@@ -407,14 +442,15 @@ def select_corpus(
     selected = {}
     for i, s in enumerate(shards):
         lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
-        selected[s.key] = glob[lo:hi] - offsets[i]
+        rows = glob[lo:hi] - offsets[i]
+        selected[s.key] = rows if maps[i] is None else maps[i][rows]  # the shard's own rows
     timings["total_s"] = time.perf_counter() - t_start
     ckpt.clear()
     return CorpusSelection(
         mode=chosen, requested_mode=mode, budget=budget, term=term_name, lamb=cfg.lamb, n=n,
         k=int(glob.size), selected=selected, route=route, scores=scores, scored_by=scored_by,
         rounds=rounds, converged=converged, timings=timings, tokens=tokens_info, notes=notes,
-        shard_routes=shard_routes)
+        shard_routes=shard_routes, n_input=n_input)
 
 
 def _select_gathered(g: _Gathered, k: int, cfg, dev, mem_budget):
@@ -455,6 +491,10 @@ class _Part:
     @property
     def n(self):
         return int(self.embeddings.shape[0])
+
+    @property
+    def d(self):
+        return int(self.embeddings.shape[1])
 
 
 class _DiskRows:
