@@ -8,6 +8,7 @@ are the blocking checks of :mod:`assets.validate`, which read the features file 
 """
 
 
+import hashlib
 from datetime import timedelta
 
 import dagster as dg
@@ -84,11 +85,12 @@ def _canonical_id_type(t: pa.DataType) -> pa.DataType:
 
 
 def canonical_batch(batch: pa.RecordBatch, columns: Columns, path: str, id_type,
-                    embeddings=None) -> pa.RecordBatch:
+                    embeddings=None, quality=None) -> pa.RecordBatch:
     """Map one raw batch to the canonical schema. Nulls, NaN and Inf pass through unchanged
     (the validation checks report them); float64 embeddings become float32 (values beyond
     float32's range become Inf, which the checks catch). ``embeddings``: the batch's computed
-    vectors, (rows, d) float32, for a text-only shard."""
+    vectors, (rows, d) float32, for a text-only shard. ``quality``: the batch's scores computed
+    from the text, (rows,) float64, for a shard without quality columns."""
     raw_id = batch.column(columns.id)
     try:
         ids = pc.cast(raw_id, id_type)
@@ -96,8 +98,8 @@ def canonical_batch(batch: pa.RecordBatch, columns: Columns, path: str, id_type,
         too_big = pc.greater(raw_id, pa.scalar(2**63 - 1, raw_id.type)) if pa.types.is_unsigned_integer(raw_id.type) else None
         bad = raw_id.filter(too_big).to_pylist()[:10] if too_big is not None else []
         raise DataContractError(path, RULE_ID_INT64, column=columns.id, ids=bad, detail=str(exc)) from exc
-    q = None
-    for name, w in zip(columns.quality, columns.weights):
+    q = None if quality is None else pa.array(np.asarray(quality, np.float64), pa.float64())
+    for name, w in zip(columns.quality if quality is None else (), columns.weights):
         col = pc.cast(batch.column(name), pa.float64(), safe=False)
         term = col if w == 1.0 else pc.multiply(col, pa.scalar(float(w)))
         q = term if q is None else pc.add(q, term)
@@ -111,14 +113,19 @@ def canonical_batch(batch: pa.RecordBatch, columns: Columns, path: str, id_type,
 
 
 def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=None,
-                   checkpoint_dir=None, expected_dim=None, progress=None) -> dict:
+                   checkpoint_dir=None, expected_dim=None, progress=None, scorer=None,
+                   quality_checkpoint_dir=None, quality_progress=None) -> dict:
     """Stream ``raw_uri``'s id/quality/embedding columns into the canonical ``out_uri``
     (published atomically). Returns rows, bytes, sha256, embedding dimension counts and
     ``embedding`` (the ``engine.embed.EmbedResult`` of a text-only shard, else None).
 
     A text-only shard (``Columns.source``) is embedded first by ``embedder`` (an Embedder or a
     function returning one: the model loads only then), in chunks under ``checkpoint_dir``
-    (resumable); its vectors must have ``expected_dim`` when that is set."""
+    (resumable); its vectors must have ``expected_dim`` when that is set. A shard without its
+    quality column(s) but with the text column (``Columns.quality_source``) is scored first by
+    ``scorer`` (an ``engine.quality.Scorer`` or a function returning one), in chunks under
+    ``quality_checkpoint_dir`` (resumable); ``quality`` in the result is its
+    ``engine.quality.QualityResult``, else None."""
     fs, path = storage.resolve(raw_uri)
     try:
         src = fs.open_input_file(path)
@@ -129,6 +136,14 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
         raise DataContractError(raw_uri, RULE_READABLE, detail=str(exc)) from exc
     try:
         source = check_schema(pf.schema_arrow, str(raw_uri), columns)
+        scored = None
+        if columns.quality_source(pf.schema_arrow.names) == C.TEXT:
+            if quality_checkpoint_dir is None:
+                raise ValueError("a shard without quality needs a quality_checkpoint_dir")
+            from datamask_pipeline.engine.data import score_text
+
+            scored = score_text(raw_uri, columns, scorer, quality_checkpoint_dir,
+                                quality_progress)
         embedded = None
         if source == C.TEXT:
             embedded = _embed(raw_uri, columns, embedder, checkpoint_dir, expected_dim, progress)
@@ -140,7 +155,9 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
         with storage.atomic_output(out_uri) as fh:
             writer = pq.ParquetWriter(fh, schema, compression="zstd")
             try:
-                wanted = [c for c in columns.needed() if embedded is None or c != columns.embedding]
+                names = pf.schema_arrow.names
+                wanted = [c for c in columns.needed() if c in names and (
+                    embedded is None or c != columns.embedding)]
                 it = pf.iter_batches(batch_size=BATCH_ROWS, columns=wanted, use_threads=False)
                 while True:
                     try:
@@ -149,8 +166,10 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
                         break
                     except (OSError, pa.ArrowException) as exc:
                         raise DataContractError(raw_uri, RULE_READABLE, detail=str(exc)) from exc
-                    out = canonical_batch(batch, columns, str(raw_uri), id_type, None
-                                          if embedded is None else reader.take(batch.num_rows))
+                    out = canonical_batch(
+                        batch, columns, str(raw_uri), id_type,
+                        None if embedded is None else reader.take(batch.num_rows),
+                        None if scored is None else scored.scores[rows:rows + batch.num_rows])
                     writer.write_batch(out, row_group_size=ROW_GROUP_ROWS)
                     rows += out.num_rows
                     vc = pc.value_counts(pc.list_value_length(out.column(EMBEDDING)))
@@ -161,7 +180,7 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
     finally:
         src.close()
     return {"rows": rows, "bytes": storage.size(out_uri), "sha256": storage.sha256(out_uri),
-            "dims": dims, "id_type": str(id_type), "embedding": embedded}
+            "dims": dims, "id_type": str(id_type), "embedding": embedded, "quality": scored}
 
 
 def ingestion_failure(key: str, raw_uri: str, exc: Exception) -> dg.Failure:
@@ -254,10 +273,12 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
         # the mask step (one row) say so
         check_run_mask_config(run_config, key, rows=rows if rows is not None and rows >= 2 else None)
     embed_dir = storage.safe_child(data_root.root, f"checkpoints/{key}.embeddings")
+    quality_dir = storage.safe_child(data_root.root, f"checkpoints/{key}.quality")
     try:
         info = write_features(raw_uri, out_uri, columns, embedder=contract.embedder,
                               checkpoint_dir=embed_dir, expected_dim=contract.expected_dim,
-                              progress=_embed_log(context, key))
+                              progress=_embed_log(context, key), scorer=contract.scorer,
+                              quality_checkpoint_dir=quality_dir)
     except (DataContractError, storage.StorageError, ConfigError) as exc:
         # One readable failure: the description is the whole reason (file, column, rule), so
         # the engine's exception is not chained (it would print the same line and a second
@@ -269,6 +290,16 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
         from datamask_pipeline.engine.embed import remove_checkpoint
 
         remove_checkpoint(embed_dir)
+    scored = info["quality"]
+    version = info["sha256"]
+    if scored is not None:
+        storage.remove(quality_dir, recursive=True)
+        context.log.info(f"partition {key}: quality scored from {columns.text!r} by "
+                         f"{scored.scorer} ({scored.scorer_version}), {scored.computed} chunks "
+                         f"computed, {scored.reused} reused")
+        # the scorer is part of the data version (not only of the bytes it produced)
+        version = hashlib.sha256(f"{info['sha256']}:{scored.scorer_key}:"
+                                 f"{scored.scorer_version}".encode()).hexdigest()
     dims = {str(k): v for k, v in sorted(info["dims"].items(), key=lambda kv: (kv[0] is None, kv[0] or 0))}
     return dg.MaterializeResult(
         metadata={
@@ -276,17 +307,20 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
             "dagster/column_schema": dg.TableSchema(columns=[
                 dg.TableColumn(ID, info["id_type"], description=f"raw column {columns.id!r}"),
                 dg.TableColumn(QUALITY, "double", description=(
-                    " + ".join(f"{w:g}*{c}" for c, w in zip(columns.quality, columns.weights)))),
+                    " + ".join(f"{w:g}*{c}" for c, w in zip(columns.quality, columns.weights))
+                    if scored is None else f"computed from raw column {columns.text!r} by "
+                    f"{scored.scorer}")),
                 dg.TableColumn(EMBEDDING, "list<float>", description=(
                     f"raw column {columns.embedding!r}" if embedded is None else
                     f"computed from raw column {columns.text!r} by {embedded.model}")),
             ]),
             **({} if embedded is None else embedded.metadata()),
+            **({} if scored is None else scored.metadata()),
             "bytes": info["bytes"],
             "sha256": info["sha256"],
             "embedding_dims": dg.MetadataValue.json(dims),
             "raw_uri": dg.MetadataValue.path(str(raw_uri)),
             "features_uri": dg.MetadataValue.path(str(out_uri)),
         },
-        data_version=dg.DataVersion(info["sha256"]),
+        data_version=dg.DataVersion(version),
     )

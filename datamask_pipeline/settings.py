@@ -18,6 +18,8 @@ Every default is a local path under the repository, so a newcomer needs no confi
 ``DATAMASK_QUALITY_COLUMNS``  feature_arr; quality columns comma-separated, summed, with
 ``DATAMASK_QUALITY_WEIGHTS``  optional comma-separated weights)
 ``DATAMASK_EMBEDDING_COLUMN``
+``DATAMASK_QUALITY_SCORER``  the scorer of shards without a quality column (default
+                            ``heuristic``; ``''``: quality required; see ``engine.quality``)
 ``DATAMASK_REFRESH_CRON``  cron of the scheduled refresh of missing / code-changed shards
                             (one backfill per tick); unset (default): off
 ``DATAMASK_CATALOG_CRON``  cron of the catalog rebuild when shards changed (default hourly)
@@ -72,6 +74,7 @@ ENV_ID_COLUMN = "DATAMASK_ID_COLUMN"
 ENV_QUALITY_COLUMNS = "DATAMASK_QUALITY_COLUMNS"
 ENV_QUALITY_WEIGHTS = "DATAMASK_QUALITY_WEIGHTS"
 ENV_EMBEDDING_COLUMN = "DATAMASK_EMBEDDING_COLUMN"
+ENV_QUALITY_SCORER = "DATAMASK_QUALITY_SCORER"
 ENV_REFRESH_CRON = "DATAMASK_REFRESH_CRON"
 ENV_CATALOG_CRON = "DATAMASK_CATALOG_CRON"
 ENV_AUTOMATION_INTERVAL = "DATAMASK_AUTOMATION_INTERVAL_S"

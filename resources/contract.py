@@ -98,6 +98,15 @@ class DataContract(dg.ConfigurableResource):
         description="Long texts: truncate (embed the first max tokens) or chunks (embed windows "
         "of max tokens, up to 64, and average them by token count).",
     )
+    quality_scorer: str = Field(
+        default="heuristic",
+        description="Quality for shards without the quality column(s) but with the text column, "
+        "scored while ingesting (engine.quality): heuristic (default; offline, CPU, Gopher/C4/"
+        "FineWeb-style signals, a score in [0, 1]), fasttext:/path/model.bin[#label], hf:/path/"
+        "dir[#label], or several comma-separated with =weight, summed. Models are local paths, "
+        "never downloaded. '' : the quality column is required. Changing it changes the "
+        "features' data version.",
+    )
     string_settings: dict[str, str] = Field(
         default={},
         description="Settings given as strings, as environment variables arrive: {field: string}, "
@@ -132,6 +141,8 @@ class DataContract(dg.ConfigurableResource):
         kw = {field: dg.EnvVar(name) for field, name in
               (("id_column", settings.ENV_ID_COLUMN), ("embedding_column", settings.ENV_EMBEDDING_COLUMN))
               if settings.is_set(name)}
+        if settings.is_set(settings.ENV_QUALITY_SCORER):
+            kw["quality_scorer"] = dg.EnvVar(settings.ENV_QUALITY_SCORER)
         if settings.is_set(settings.ENV_EMBEDDING_DIM):
             kw["expected_dim"] = dg.EnvVar.int(settings.ENV_EMBEDDING_DIM)
         strings = {field: dg.EnvVar(name) for field, name in STRING_FIELDS.items()
@@ -146,6 +157,7 @@ class DataContract(dg.ConfigurableResource):
             quality_weights=None if self.quality_weights is None else tuple(self.quality_weights),
             embedding=self.embedding_column,
             text=self.text_column,
+            quality_from_text=bool((self.quality_scorer or "").strip()),
         )
 
     def embedder(self):
@@ -154,6 +166,12 @@ class DataContract(dg.ConfigurableResource):
 
         return load_embedder(self.embedding_model, max_tokens=self.embedding_max_tokens,
                              pooling=self.embedding_pooling)
+
+    def scorer(self):
+        """The quality scorer for shards without quality (``engine.quality``), loaded on call."""
+        from datamask_pipeline.engine.quality import load_scorer
+
+        return load_scorer(self.quality_scorer)
 
     @property
     def quality_range(self) -> tuple | None:

@@ -9,7 +9,9 @@ summary. Exit code 2 on bad input or configuration, with the reason on stderr.
 
 A shard with a text column (``--text-column``, default ``text``) and no embedding column is
 embedded first (``--embedding-model``, default ``wordllama``, offline); ``--write-embeddings``
-adds the computed vectors to the output as ``--embedding-column``.
+adds the computed vectors to the output as ``--embedding-column``. A shard without its quality
+column(s) but with the text column is scored from the text first (``--quality-scorer``, default
+``heuristic``, offline; ``engine.quality``), so a bare parquet of id and text is selectable.
 """
 
 from __future__ import annotations
@@ -112,6 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
                           "already there (default: a temporary directory)")
     emb.add_argument("--write-embeddings", action="store_true",
                      help="add the computed embeddings to the output (as --embedding-column)")
+    qs = p.add_argument_group("shards without a quality column (scored from the text)")
+    qs.add_argument("--quality-scorer", default="heuristic",
+                    help="heuristic (default; offline, CPU, a score in [0, 1]), "
+                         "fasttext:/path/model.bin[#label], hf:/path/dir[#label], or several "
+                         "comma-separated with =weight, summed; models are local paths, never "
+                         "downloaded; '' requires the quality column")
+    qs.add_argument("--quality-checkpoint", default=None,
+                    help="directory for the quality score chunks; a rerun reuses the chunks "
+                         "already there (default: a temporary directory)")
     ex.add_argument("--expected-dim", type=int, default=None)
     ex.add_argument("--quality-min", type=float, default=None,
                     help="declared lower bound of every quality column (inclusive); a shard "
@@ -327,7 +338,8 @@ def run(args) -> dict:
                 f"--quality-weights has {len(weights)} values for {len(qcols)} quality columns"
             )
     columns = Columns(id=args.id_column, quality=qcols, quality_weights=weights,
-                      embedding=args.embedding_column, text=args.text_column or None)
+                      embedding=args.embedding_column, text=args.text_column or None,
+                      quality_from_text=bool((args.quality_scorer or "").strip()))
     qrange = None
     if args.quality_min is not None or args.quality_max is not None:
         qrange = (args.quality_min, args.quality_max)
@@ -339,10 +351,17 @@ def run(args) -> dict:
                              pooling=args.embed_pooling,
                              device=None if device.type == "cpu" else str(device))
 
+    def scorer():
+        from .quality import load_scorer
+
+        return load_scorer(args.quality_scorer,
+                           device=None if device.type == "cpu" else str(device))
+
     shard = read_shard(args.input, columns=columns, expected_dim=args.expected_dim,
                        quality_range=qrange, embedder=embedder,
                        embed_checkpoint=args.embed_checkpoint,
-                       embed_progress=None if args.no_progress else EmbedProgressBar())
+                       embed_progress=None if args.no_progress else EmbedProgressBar(),
+                       scorer=scorer, quality_checkpoint=args.quality_checkpoint)
     cfg.validate(shard.n)
 
     dtype = torch.float32
@@ -395,6 +414,7 @@ def run(args) -> dict:
         "config_hash": sel.config_hash,
         "objective": {"lamb": cfg.lamb, **{name: s.as_dict() for name, s in sel.scores.items()}},
         "embedding": None if shard.embedded is None else shard.embedded.metadata(),
+        "quality": None if shard.scored is None else shard.scored.metadata(),
         "total_time_s": round(time.perf_counter() - t0, 3),
     }
 

@@ -67,6 +67,9 @@ class Columns:
     # A shard without the embedding column but with this text column is embedded from its text
     # (``engine.embed``); None: embeddings are required.
     text: str | None = C.DEFAULT_NAMES[C.TEXT]
+    # A shard without any quality column but with the text column gets its quality scored from
+    # the text (``engine.quality``); False: the quality column(s) are required.
+    quality_from_text: bool = True
 
     def __post_init__(self):
         q = self.quality
@@ -107,6 +110,16 @@ class Columns:
             return C.TEXT
         return None
 
+    def quality_source(self, names) -> str | None:
+        """Where a shard with columns ``names`` gets its quality: ``contract.QUALITY`` (it has
+        the quality column(s); a partial set is a missing column), ``contract.TEXT`` (none of
+        them, the text column, and ``quality_from_text``: scored from the text) or None."""
+        if any(c in names for c in self.quality):
+            return C.QUALITY
+        if self.quality_from_text and self.text is not None and self.text in names:
+            return C.TEXT
+        return None
+
     def needed(self) -> list:
         out = []
         for c in (self.id, *self.quality, self.embedding):
@@ -127,6 +140,8 @@ class Shard:
     columns: Columns = Columns()
     # engine.embed.EmbedResult when the embeddings were computed from the text, else None
     embedded: object = None
+    # engine.quality.QualityResult when the quality was scored from the text, else None
+    scored: object = None
 
     @property
     def n(self) -> int:
@@ -145,11 +160,14 @@ def check_schema(schema: pa.Schema, path: str, columns: Columns) -> str:
     needs the text column, of a string type, instead."""
     names = schema.names
     source = columns.source(names)
+    qsource = columns.quality_source(names)
     for rule in C.RULES:
         if rule.scope != "type":
             continue
         for role in rule.columns:
             if role == C.EMBEDDING and source == C.TEXT:
+                continue
+            if role == C.QUALITY and qsource == C.TEXT:
                 continue
             for c in columns.of(role):
                 t = schema.field(c).type if c in names else None
@@ -159,7 +177,7 @@ def check_schema(schema: pa.Schema, path: str, columns: Columns) -> str:
                         detail = C.NO_EMBEDDING_NOR_TEXT.format(embedding=c, text=columns.text,
                                                                 names=names)
                     raise DataContractError(path, rule.name, column=c, detail=detail)
-    if source == C.TEXT:
+    if C.TEXT in (source, qsource):
         t = schema.field(columns.text).type
         if C.TEXT_TYPE.arrow(t):
             raise DataContractError(path, C.TEXT_TYPE.name, column=columns.text,
@@ -311,13 +329,51 @@ def _embeddings(col, path: str, name: str, n: int, expected_dim, err) -> np.ndar
 
 # ------------------------------------------------------------------ files
 def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_range=None, *,
-               embedder=None, embed_checkpoint=None, embed_progress=None) -> Shard:
+               embedder=None, embed_checkpoint=None, embed_progress=None, scorer=None,
+               quality_checkpoint=None, quality_progress=None) -> Shard:
     """Read and validate one parquet shard (only the id, quality and embedding columns).
 
     A text-only shard (``Columns.source``) is embedded from its text column by ``embedder``
     (an ``engine.embed.Embedder`` or a function returning one; default: the default model),
     with its chunks under ``embed_checkpoint``
-    (default: a temporary directory, removed afterwards); ``Shard.embedded`` says how."""
+    (default: a temporary directory, removed afterwards); ``Shard.embedded`` says how.
+    A shard without its quality column(s) but with the text column (``Columns.quality_source``)
+    is scored from its text by ``scorer`` (an ``engine.quality.Scorer`` or a function returning
+    one; default: the heuristic), with its chunks under ``quality_checkpoint`` (default: a
+    temporary directory); ``Shard.scored`` says how."""
+    shard, scored = _read_shard(uri, columns, expected_dim, quality_range, embedder,
+                                embed_checkpoint, embed_progress, scorer, quality_checkpoint,
+                                quality_progress)
+    shard.scored = scored
+    return shard
+
+
+def score_text(uri, columns: Columns, scorer=None, checkpoint=None, progress=None):
+    """The quality scores of a shard's text column (``engine.quality.score_shard``), with the
+    chunks under ``checkpoint`` (default: a temporary directory, removed afterwards)."""
+    import tempfile
+
+    from . import quality
+
+    if scorer is None:
+        scorer = quality.load_scorer()
+    elif callable(scorer) and not isinstance(scorer, quality.Scorer):
+        scorer = scorer()  # a factory: the scorer loads only for a shard without quality
+    with tempfile.TemporaryDirectory(prefix="datamask-quality-") as tmp:
+        return quality.score_shard(uri, checkpoint or tmp, columns.text, scorer,
+                                   id_column=columns.id, progress=progress)
+
+
+def scored_columns(columns: Columns) -> Columns:
+    """The column mapping of a table to which the computed quality was appended (as the first
+    quality column's name, weight 1: the scorer's own weights are already in the score)."""
+    from dataclasses import replace
+
+    return replace(columns, quality=(columns.quality[0],), quality_weights=None)
+
+
+def _read_shard(uri, columns, expected_dim, quality_range, embedder, embed_checkpoint,
+                embed_progress, scorer, quality_checkpoint, quality_progress):
     path = str(uri)
     try:
         fs, p = storage.resolve(uri)
@@ -331,31 +387,45 @@ def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_ran
         except (OSError, pa.ArrowException, ValueError) as exc:
             raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
         source = check_schema(schema, path, columns)
+        scored = None
+        if columns.quality_source(schema.names) == C.TEXT:
+            scored = score_text(uri, columns, scorer, quality_checkpoint, quality_progress)
         if source == C.TEXT:
             return _read_text_shard(pf, path, columns, expected_dim, quality_range, embedder,
-                                    embed_checkpoint, embed_progress)
+                                    embed_checkpoint, embed_progress, scored), scored
         try:
-            table = pf.read(columns=columns.needed())
+            table = pf.read(columns=[c for c in columns.needed() if c in schema.names])
         except (OSError, pa.ArrowException, ValueError) as exc:
             raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
     finally:
         src.close()
+    table, columns = _with_scores(table, columns, scored)
     return table_to_shard(table, path, columns, expected_dim=expected_dim,
-                          quality_range=quality_range)
+                          quality_range=quality_range), scored
+
+
+def _with_scores(table: pa.Table, columns: Columns, scored):
+    if scored is None:
+        return table, columns
+    columns = scored_columns(columns)
+    return table.append_column(columns.quality[0], pa.array(scored.scores, pa.float64())), columns
 
 
 def _read_text_shard(pf, path, columns: Columns, expected_dim, quality_range, embedder,
-                     checkpoint, progress) -> Shard:
+                     checkpoint, progress, scored=None) -> Shard:
     """A text-only shard: ids and quality checked first (cheap), then embedded, then the
     embeddings checked like read ones."""
     import tempfile
 
     from . import embed
 
+    names = pf.schema_arrow.names
     try:
-        table = pf.read(columns=[c for c in columns.needed() if c != columns.embedding])
+        table = pf.read(columns=[c for c in columns.needed()
+                                 if c != columns.embedding and c in names])
     except (OSError, pa.ArrowException, ValueError) as exc:
         raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
+    table, columns = _with_scores(table, columns, scored)
     if C.ROWS.arrow(table.num_rows):
         raise DataContractError(path, RULE_ROWS, detail=C.ROWS.detail)
     ids = _ids(table.column(columns.id), path, columns.id)
