@@ -123,7 +123,7 @@ def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) 
         with fs.open_input_file(path) as fh:
             n = pq.ParquetFile(fh).metadata.num_rows
         tokens = None
-        if config.select_tokens is not None:
+        if config is not None and config.select_tokens is not None:
             tokens = _tokens(data_root.raw_shard(key), config, contract.text_column or None)
         info = fs.get_file_info(path)
         out.append(CorpusShard(key=key, n=int(n), tokens=tokens,
@@ -178,9 +178,166 @@ def _shares_md(counts: dict, sizes: dict, excluded: dict) -> str:
     return "\n".join(lines)
 
 
+class DedupConfig(dg.Config):
+    """Deduplication across the corpus before the selection."""
+
+    enabled: bool = Field(default=True, description=(
+        "Drop duplicates before selecting (false: every row may be selected)."))
+    exact: bool = Field(default=True, description=(
+        "Exact duplicates: equal text after lower-casing and collapsing whitespace (needs the "
+        "raw text column; skipped without one)."))
+    fuzzy: bool = Field(default=True, description=(
+        "Fuzzy text duplicates: MinHash-LSH over word 3-grams, then a pair whose smaller text's "
+        "3-grams are contained in the other's at >= containment (needs the raw text column)."))
+    containment: float = Field(default=0.8, gt=0.0, le=1.0, description=(
+        "Share of the smaller text's word 3-grams found in the other text for a fuzzy duplicate."))
+    near: bool = Field(default=True, description=(
+        "Semantic near-duplicates: rows clustered over the whole corpus, then pairs inside a "
+        "cluster at cosine >= threshold."))
+    threshold: float = Field(default=0.98, gt=0.0, le=1.0, description=(
+        "Cosine at or above which two rows are near-duplicates (the worse-ranked one is dropped)."))
+    rows_per_cluster: int = Field(default=1000, ge=2, description=(
+        "Mean cluster size of the corpus-wide k-means (clusters = rows / this)."))
+
+
+def _raw_texts(raw_uri: str, column: str | None):
+    if not column:
+        return None
+    fs, path = storage.resolve(raw_uri)
+    with fs.open_input_file(path) as fh:
+        pf = pq.ParquetFile(fh)
+        if column not in pf.schema_arrow.names:
+            return None
+        return pf.read(columns=[column]).column(0).combine_chunks()
+
+
+DUPLICATES = "duplicates.parquet"
+
+
+@dg.asset(
+    key="corpus_dedup",
+    deps=[features, raw_shard],
+    group_name=GROUP,
+    kinds={"parquet", "faiss"},
+    owners=OWNERS,
+    tags=stage("validate"),
+    code_version=CODE_VERSION,
+)
+def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_root: DataRoot,
+                 contract: DataContract) -> dg.MaterializeResult:
+    """Exact and semantic near-duplicates across every shard that passed its checks
+    (``corpus/duplicates.parquet``: each dropped row, the row it duplicates, why, the cosine);
+    the best-quality member of each group stays. The corpus selection never selects a dropped
+    row."""
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+
+    shards_, excluded = corpus_shards(context, data_root, contract, None)
+    versions = {s.key: s.version for s in shards_}
+    rows = {"partition_key": [], "row": [], "id": [], "dup_of_partition_key": [],
+            "dup_of_row": [], "dup_of_id": [], "reason": [], "cosine": [], "containment": []}
+    stats = {"enabled": config.enabled, "threshold": config.threshold, "rows": 0, "dropped": 0}
+    if config.enabled and shards_:
+        parts = [s.load() for s in shards_]
+        ids_txt = [pc.cast(pa.array(p.ids), pa.string()).to_pylist() for p in parts]
+        texts = None
+        if config.exact or config.fuzzy:
+            got = [_raw_texts(data_root.raw_shard(s.key), contract.text_column) for s in shards_]
+            if all(t is not None for t in got):
+                texts = pa.chunked_array(got).combine_chunks() if len(got) > 1 else got[0]
+        res = deduplicate(
+            np.concatenate([p.embeddings for p in parts]),
+            np.concatenate([np.asarray(p.quality, dtype=np.float64) for p in parts]),
+            np.concatenate([pc.cast(pa.array(p.ids), pa.string()).to_numpy(zero_copy_only=False)
+                            for p in parts]),
+            np.concatenate([np.full(p.n, i) for i, p in enumerate(parts)]),
+            np.concatenate([np.arange(p.n) for p in parts]), texts, exact=config.exact,
+            fuzzy=config.fuzzy, containment=config.containment, near=config.near,
+            threshold=config.threshold, rows_per_cluster=config.rows_per_cluster)
+        del parts
+        for d in res.dropped:
+            rows["partition_key"].append(shards_[d["shard"]].key)
+            rows["row"].append(d["row"])
+            rows["id"].append(ids_txt[d["shard"]][d["row"]])
+            rows["dup_of_partition_key"].append(shards_[d["dup_of_shard"]].key)
+            rows["dup_of_row"].append(d["dup_of_row"])
+            rows["dup_of_id"].append(ids_txt[d["dup_of_shard"]][d["dup_of_row"]])
+            rows["reason"].append(d["reason"])
+            rows["cosine"].append(d["cosine"])
+            rows["containment"].append(d["containment"])
+        stats.update(res.stats)
+    table = pa.table({"partition_key": pa.array(rows["partition_key"], pa.string()),
+                      "row": pa.array(rows["row"], pa.int64()),
+                      "id": pa.array(rows["id"], pa.string()),
+                      "dup_of_partition_key": pa.array(rows["dup_of_partition_key"], pa.string()),
+                      "dup_of_row": pa.array(rows["dup_of_row"], pa.int64()),
+                      "dup_of_id": pa.array(rows["dup_of_id"], pa.string()),
+                      "reason": pa.array(rows["reason"], pa.string()),
+                      "cosine": pa.array(rows["cosine"], pa.float64()),
+                      "containment": pa.array(rows["containment"], pa.float64())})
+    storage.makedirs(data_root.corpus_dir())
+    out = storage.join(data_root.corpus_dir(), DUPLICATES)
+    storage.atomic_write_table(table, out)
+    stats.update(versions=versions, excluded=excluded)
+    storage.atomic_write_bytes(storage.join(data_root.corpus_dir(), "dedup.json"),
+                               json.dumps(stats, indent=1, default=float).encode())
+    per_shard = {}
+    for key, reason in zip(rows["partition_key"], rows["reason"]):
+        per_shard.setdefault(key, {"exact": 0, "fuzzy": 0, "near": 0})[reason] += 1
+    n_rows = int(stats.get("rows", 0))
+    md = ["| shard | rows | exact | fuzzy | near | dropped |", "|---|---:|---:|---:|---:|---:|"]
+    for s in shards_:
+        e = per_shard.get(s.key, {"exact": 0, "fuzzy": 0, "near": 0})
+        md.append(f"| {s.key} | {s.n:,} | {e['exact']:,} | {e['fuzzy']:,} | {e['near']:,} | "
+                  f"{sum(e.values()) / max(1, s.n):.1%} |")
+    context.log.info(f"corpus_dedup: {table.num_rows:,} of {n_rows:,} rows are duplicates "
+                     f"(threshold {config.threshold})" if config.enabled else
+                     "corpus_dedup: off (every row may be selected)")
+    return dg.MaterializeResult(metadata={
+        "enabled": config.enabled, "threshold": config.threshold,
+        "rows": n_rows, "dropped": table.num_rows,
+        "dropped_share": float(table.num_rows / max(1, n_rows)),
+        "dropped_exact": int(stats.get("exact_dropped", 0)),
+        "dropped_fuzzy": int(stats.get("fuzzy_dropped", 0)),
+        "containment": config.containment,
+        "dropped_near": int(stats.get("near_dropped", 0)),
+        "clusters": int(stats.get("clusters", 0)),
+        "per_shard": dg.MetadataValue.md("\n".join(md)),
+        "duplicates": dg.MetadataValue.path(out),
+        "dagster/row_count": table.num_rows,
+    }, data_version=dg.DataVersion(storage.sha256(out)[:16]))
+
+
+def dedup_keep(data_root: DataRoot, shards_: list) -> tuple:
+    """Each shard's keep mask from ``corpus/duplicates.parquet`` (None where no row is
+    dropped), and the dedup facts; fails when the dedup is older than a shard's features."""
+    out = storage.join(data_root.corpus_dir(), DUPLICATES)
+    facts_uri = storage.join(data_root.corpus_dir(), "dedup.json")
+    if not storage.exists(out) or not storage.exists(facts_uri):
+        raise ConfigError("no corpus/duplicates.parquet: materialize corpus_dedup first "
+                          "(corpus_job runs it; its config enabled=false turns it off)")
+    facts = json.loads(_read_bytes(facts_uri))
+    if facts.get("enabled", True):
+        stale = [s.key for s in shards_ if facts.get("versions", {}).get(s.key) != s.version]
+        if stale:
+            raise ConfigError(f"corpus_dedup ran before shard(s) {stale[:5]} were (re)ingested: "
+                              "materialize corpus_dedup again (corpus_job runs both)")
+    fs, path = storage.resolve(out)
+    with fs.open_input_file(path) as fh:
+        dup = pq.read_table(fh, columns=["partition_key", "row"])
+    keys = dup.column("partition_key").to_numpy(zero_copy_only=False)
+    rows = dup.column("row").to_numpy()
+    for s in shards_:
+        drop = rows[keys == s.key]
+        if drop.size:
+            keep = np.ones(s.n, dtype=bool)
+            keep[drop] = False
+            s.keep = keep
+    return shards_, facts
+
+
 @dg.asset(
     key="corpus_selection",
-    deps=[features],
+    deps=[features, corpus_dedup],
     group_name=GROUP,
     kinds={"pytorch", "parquet"},
     owners=OWNERS,
@@ -204,6 +361,7 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
         for key, why in excluded.items():
             context.log.warning(f"corpus: shard {key} left out: {why}; the budget is taken "
                                 "from the other shards")
+        shards_, dedup = dedup_keep(data_root, shards_)
         # a killed or retried run resumes from the per-shard and per-round checkpoints
         ckpt = storage.join(data_root.root, "checkpoints", "corpus")
         ckpt = storage.resolve(ckpt)[1] if storage.is_local(ckpt) else None
@@ -222,13 +380,19 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
     storage.atomic_write_table(table, out)
     summary = result.summary()
     summary["excluded"] = excluded
-    summary["sizes"] = {s.key: s.n for s in shards_}
+    summary["dedup"] = {k: dedup.get(k) for k in ("enabled", "threshold", "containment", "dropped",
+                                                  "exact_dropped", "fuzzy_dropped", "near_dropped",
+                                                  "rows")}
+    summary["sizes"] = {s.key: s.n for s in shards_}  # input rows of each shard
     storage.atomic_write_bytes(storage.join(data_root.corpus_dir(), "selection.json"),
                                json.dumps(summary, indent=1, default=float).encode())
     sizes = {s.key: s.n for s in shards_}
     md = {
         "mode": result.mode, "route": result.route, "budget": budget.label,
-        "rows_corpus": result.n, "rows_selected": result.k, "shards": len(shards_),
+        "rows_corpus": result.n_input, "rows_after_dedup": result.n,
+        "dedup_dropped": result.n_input - result.n,
+        "dedup_threshold": dedup.get("threshold") if dedup.get("enabled", True) else "off",
+        "rows_selected": result.k, "shards": len(shards_),
         "incomplete": dg.MetadataValue.bool(bool(excluded)),
         "excluded_shards": dg.MetadataValue.json(excluded),
         "whole_corpus_scores": dg.MetadataValue.md(_scores_md(result)),

@@ -8,7 +8,7 @@ not imported here; the mask step imports it when it runs.
 import dagster as dg
 from dagster_duckdb import DuckDBResource
 
-from assets.corpus import corpus_selection, corpus_subset
+from assets.corpus import corpus_dedup, corpus_selection, corpus_subset
 from assets.ingest import features, raw_shard
 from assets.learn import mask
 from assets.report import corpus_summary
@@ -53,9 +53,10 @@ def _executor():
     return dg.in_process_executor
 
 
-# The corpus selection is launched by hand or by corpus_job's schedule, never by a new file
+# The corpus dedup and selection are launched by hand or as corpus_job, never by a new file
 # alone (a re-selection touches every shard's share); corpus_subset follows it eagerly.
 ASSETS = automate([raw_shard, features, mask, shard_report, selected_subset, corpus_summary]) + [
+    corpus_dedup,
     corpus_selection,
     corpus_subset.with_attributes(automation_condition=dg.AutomationCondition.eager()),
 ]

@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="corpus mode (default auto: one selection over the whole corpus while "
                         "it fits, exchange rounds beyond; per_shard and random_blocks are the "
                         "paper's independent blocks)")
+    p.add_argument("--no-dedup", action="store_true",
+                   help="select from every row (default: exact and near-duplicates across the "
+                        "corpus are dropped first, cosine >= --dedup-threshold)")
+    p.add_argument("--dedup-threshold", type=float, default=None,
+                   help="cosine at or above which two rows are near-duplicates (default 0.98)")
     p.add_argument("--per-shard-chain", action="store_true",
                    help="run the per-shard chain instead of the corpus stage (each shard alone, "
                         "its own select_ratio; outputs under selected_per_shard/)")
@@ -223,8 +228,11 @@ def _corpus(args, defs, instance, keys, quiet, root, home) -> int:
     print(f"corpus selection: {json.dumps({k: knobs[k] for k in knobs if k in ('algorithm', 'lamb', 'select_ratio', 'select_rows', 'select_tokens', 'mode')})}",
           flush=True)
     t = time.perf_counter()
+    dedup = {"enabled": not args.no_dedup}
+    if args.dedup_threshold is not None:
+        dedup["threshold"] = args.dedup_threshold
     result = defs.resolve_job_def("corpus_job").execute_in_process(
-        instance=instance, run_config={**corpus_run_config(**knobs), **quiet},
+        instance=instance, run_config={**corpus_run_config(dedup=dedup, **knobs), **quiet},
         raise_on_error=False)
     if not result.success:
         print(f"corpus selection FAILED: {_failure_reason(result)}", file=sys.stderr)
@@ -235,8 +243,17 @@ def _corpus(args, defs, instance, keys, quiet, root, home) -> int:
         summary = json.loads(fh.read())
     print(f"\ncorpus selection done in {time.perf_counter() - t:.1f}s "
           f"(whole demo {time.perf_counter() - t_all:.1f}s)")
-    print(f"mode {summary['mode']} ({summary['route']}); budget {_budget_label(summary['budget'])}; "
-          f"{summary['selected_rows']:,} of {summary['n']:,} rows selected")
+    dd = summary.get("dedup") or {}
+    if dd.get("enabled"):
+        print(f"deduplication: {dd.get('dropped', 0):,} of {dd.get('rows', 0):,} rows dropped "
+              f"({dd.get('exact_dropped', 0) or 0:,} exact text, {dd.get('fuzzy_dropped', 0) or 0:,} "
+              f"fuzzy text (containment >= {dd['containment']:g}), "
+              f"{dd.get('near_dropped', 0) or 0:,} near (cosine >= {dd['threshold']:g}))")
+    else:
+        print("deduplication: off")
+    print(f"mode {summary['mode']} ({summary['route']}); budget {_budget_label(summary['budget'])}"
+          f" of the {summary['n_input']:,} input rows; {summary['selected_rows']:,} rows selected "
+          f"from the {summary['n']:,} left after deduplication")
     if summary.get("tokens"):
         print(f"tokens: {summary['tokens']['selected']:,} selected for a target of "
               f"{summary['tokens']['target']:,}")

@@ -19,7 +19,7 @@ import warnings
 
 import dagster as dg
 
-from assets.corpus import corpus_selection, corpus_subset
+from assets.corpus import corpus_dedup, corpus_selection, corpus_subset
 from assets.ingest import features
 from assets.learn import mask
 from assets.report import corpus_summary
@@ -101,16 +101,20 @@ features_job = dg.define_asset_job(
 
 corpus_job = dg.define_asset_job(
     "corpus_job",
-    selection=dg.AssetSelection.assets(corpus_selection, corpus_subset),
-    description="The corpus selection over every shard that passed its checks (one budget, one "
-    "objective), then each shard's selected rows under selected/ (only changed shards are "
-    "rewritten).",
+    selection=dg.AssetSelection.assets(corpus_dedup, corpus_selection, corpus_subset),
+    description="Deduplication across the corpus, then the corpus selection over every shard "
+    "that passed its checks (one budget, one objective), then each shard's selected rows under "
+    "selected/ (only changed shards are rewritten).",
 )
 
 
-def corpus_run_config(**knobs) -> dict:
-    """The run config of ``corpus_job`` with the given corpus knobs (CorpusConfig fields)."""
-    return {"ops": {"corpus_selection": {"config": knobs}}}
+def corpus_run_config(dedup: dict | None = None, **knobs) -> dict:
+    """The run config of ``corpus_job``: the corpus knobs (CorpusConfig fields) and the
+    deduplication's (DedupConfig fields)."""
+    ops = {"corpus_selection": {"config": knobs}}
+    if dedup:
+        ops["corpus_dedup"] = {"config": dedup}
+    return {"ops": ops}
 
 
 if __name__ == "__main__":  # python -m datamask_pipeline.jobs PRESET: the preset's run config

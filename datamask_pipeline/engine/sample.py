@@ -9,7 +9,9 @@ Structure, chosen so that the selection problem of docs/method.md#problem shows 
 * quality correlated with the cluster: tight clusters score high, diffuse ones lower, so
   quality-only top-k concentrates on near-duplicates, which is what joint selection fixes;
 * ~5% noise rows: random directions, low quality, random topic and source;
-* per-row noise on quality, a text that mentions the row's topic, and a source domain.
+* per-row noise on quality, a text that mentions the row's topic, and a source domain; rows
+  outside tight clusters add a sentence of their own (words drawn per row), so only the
+  boilerplate of tight clusters is duplicate text.
 
 Columns: ``chunk_id`` int64 (``id_offset + arange(n)``), ``quality_score`` float64 in [0, 1],
 ``feature_arr`` fixed_size_list<float32>[dim] (unit norm), ``text`` string, ``source`` string.
@@ -47,7 +49,21 @@ TOPICS = (
     ("linux distributions", "forum"), ("language learning", "forum"), ("amateur radio", "forum"),
 )
 
-# text = PREFIX + topic + SUFFIX + " (doc <id>)"
+# words of the per-row sentence of rows outside tight clusters
+_WORDS = tuple(sorted(set(
+    " ".join(t for t, _ in TOPICS).split()
+    + """a about after again all also always another because before best better between both
+    built change clear common could daily data detail early easy every example fast few first
+    found full good great group guide hard help here high idea important include interest
+    keep large later learn least level little local long made main make many method might more
+    most much must need never new next note often old only open order other part people place
+    plan point problem public question quick real reason recent result right same second see
+    short show simple since small some start step still study system take test than that their
+    then there these thing think those three time today together tool under until useful value
+    very view want water way well what when where which while whole work world would year
+    young""".split())))
+
+# text = PREFIX + topic + SUFFIX [+ " " + a sentence of the row's own words] + " (doc <id>)"
 _TEMPLATES = (
     ("A short introduction to ", ": the basic ideas, a worked example and common mistakes."),
     ("Notes on ", " collected while reading several references over a weekend."),
@@ -152,9 +168,15 @@ def make_table(n: int, dim: int = 768, seed: int = 0, id_offset: int = 0,
     prefixes = pa.array([p for p, _ in _TEMPLATES], pa.string())
     suffixes = pa.array([s for _, s in _TEMPLATES], pa.string())
     id_arr = pa.array(ids, pa.int64())
+    # a sentence of 12 words of the row's own (a generator of its own: the other columns keep
+    # their values), empty for tight rows (boilerplate)
+    wrng = np.random.default_rng(rkey + [0x7E47])
+    words = pa.array(list(_WORDS), pa.string()).take(pa.array(wrng.integers(0, len(_WORDS), n * 12)))
+    body = pc.binary_join(pa.FixedSizeListArray.from_arrays(words, 12).cast(pa.list_(pa.string())), " ")
+    body = pc.if_else(pa.array(tight), pa.scalar("", pa.string()), pc.binary_join_element_wise(" ", body, ""))
     text = pc.binary_join_element_wise(
         prefixes.take(pa.array(template)), topic_names.take(pa.array(topic)),
-        suffixes.take(pa.array(template)), " (doc ", pc.cast(id_arr, pa.string()), ")", "",
+        suffixes.take(pa.array(template)), body, " (doc ", pc.cast(id_arr, pa.string()), ")", "",
     )
     table = pa.table({
         "chunk_id": id_arr,

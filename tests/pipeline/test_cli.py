@@ -172,11 +172,11 @@ def test_dagster_dev_graphql_and_cli_backfill(cli_env, tmp_path):
         assert nodes, (tmp_path / "dagster_dev.log").read_text()[-4000:]
         by_key = {"/".join(n["assetKey"]["path"]): n for n in nodes}
         assert set(by_key) == {"raw_shard", "features", "mask", "shard_report", "selected_subset",
-                               "corpus_summary", "corpus_selection", "corpus_subset"}
+                               "corpus_summary", "corpus_selection", "corpus_subset", "corpus_dedup"}
         for key in ("raw_shard", "features", "mask", "selected_subset"):
             assert by_key[key]["isPartitioned"] and by_key[key]["groupName"] == "datamask"
             assert by_key[key]["partitionKeys"] == ["shard_000", "shard_001"]
-        for key in ("corpus_summary", "corpus_selection", "corpus_subset"):
+        for key in ("corpus_summary", "corpus_selection", "corpus_subset", "corpus_dedup"):
             assert not by_key[key]["isPartitioned"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info", timeout=10) as resp:
             assert resp.status == 200
@@ -219,7 +219,7 @@ def test_dg_check_list_and_launch(cli_env):
     listed = json.loads(_run([str(BIN / "dg"), "list", "defs", "--json"], cli_env).stdout)
     assert {a["asset_key"] for a in listed["assets"]} == {
         "raw_shard", "features", "mask", "shard_report", "selected_subset", "corpus_summary",
-        "corpus_selection", "corpus_subset"}
+        "corpus_selection", "corpus_subset", "corpus_dedup"}
     _register(cli_env)
     _run([str(BIN / "dg"), "launch", "--assets", "features", "--partition", "shard_001"], cli_env)
     data = Path(cli_env["DATAMASK_DATA_ROOT"])

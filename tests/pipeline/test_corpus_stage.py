@@ -13,12 +13,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from assets.corpus import CorpusConfig, corpus_selection, corpus_subset
+from assets.corpus import CorpusConfig, corpus_dedup, corpus_selection, corpus_subset
 from assets.partitions import register_shards
 
 from .helpers import ALL_ASSETS, KEYS, ROWS
 
-ASSETS = ALL_ASSETS + [corpus_selection, corpus_subset]
+ASSETS = ALL_ASSETS + [corpus_dedup, corpus_selection, corpus_subset]
 BAD = "shard_bad"
 
 
@@ -30,7 +30,8 @@ def _features(instance, resources, key):
 def _corpus(instance, resources, raise_on_error=True, **knobs):
     cfg = CorpusConfig(**{"algorithm": "Pair_simi", **knobs})
     return dg.materialize(ASSETS, instance=instance, resources=resources,
-                          selection=dg.AssetSelection.assets("corpus_selection", "corpus_subset"),
+                          selection=dg.AssetSelection.assets("corpus_dedup", "corpus_selection",
+                                                             "corpus_subset"),
                           run_config=dg.RunConfig({"corpus_selection": cfg}),
                           raise_on_error=raise_on_error)
 
@@ -158,3 +159,79 @@ def test_token_budget_through_the_asset(prepared, instance, resources):
     assert tokens["target"] == target and tokens["selected"] <= target
     assert target - tokens["selected"] < tokens["largest_document"]
     assert _meta(result, "corpus_selection")["mode"].value == "exchange"
+
+
+def _dup_shard(data_root, key, source_key, rows, id_offset):
+    """A new raw shard whose rows repeat ``rows`` of ``source_key`` (text plus a footer,
+    slightly worse quality, the same embedding): duplicates in another file."""
+    t = pq.read_table(data_root.raw_shard(source_key)).take(pa.array(rows))
+    t = t.set_column(0, "chunk_id", pc.add(t.column("chunk_id"), id_offset))
+    t = t.set_column(t.schema.get_field_index("quality_score"), "quality_score",
+                     pc.subtract(t.column("quality_score"), 0.001))
+    t = t.set_column(t.schema.get_field_index("text"), "text",
+                     pc.binary_join_element_wise(t.column("text"),
+                                                 "Shared from our weekly newsletter.", "\n"))
+    pq.write_table(t, os.path.join(data_root.raw_root, f"{key}.parquet"))
+
+
+def test_duplicates_across_shards_are_dropped_with_lineage_and_a_new_shard_of_copies(
+        instance, corpus, data_root, resources):
+    register_shards(instance, data_root.raw_root)
+    for key in KEYS:
+        _features(instance, resources, key)
+    first = _corpus(instance, resources, select_rows=60)
+    dmeta = _meta(first, "corpus_dedup")
+    assert dmeta["enabled"].value is True and dmeta["threshold"].value == 0.98
+    dups = pq.read_table(os.path.join(data_root.corpus_dir(), "duplicates.parquet"))
+    assert dmeta["dropped"].value == dups.num_rows > 0  # the sample's boilerplate rows
+    sel = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    dropped = set(zip(dups.column("partition_key").to_pylist(), dups.column("row").to_pylist()))
+    chosen = set(zip(sel.column("partition_key").to_pylist(), sel.column("row").to_pylist()))
+    assert not dropped & chosen and len(chosen) == 60
+    # lineage: each dropped row names a row that is kept or itself dropped for a reason
+    assert set(dups.column("reason").to_pylist()) <= {"exact", "fuzzy", "near"}
+    assert _meta(first, "corpus_selection")["dedup_dropped"].value == dups.num_rows
+
+    # a new shard copies 10 selected rows of shard_000: the copies are dropped as their
+    # duplicates and never selected; the originals stay selected
+    picked = sorted(r for k, r in chosen if k == KEYS[0])[:10]
+    _dup_shard(data_root, "shard_copy", KEYS[0], picked, 50_000)
+    register_shards(instance, data_root.raw_root)
+    _features(instance, resources, "shard_copy")
+    second = _corpus(instance, resources, select_rows=60)
+    dups = pq.read_table(os.path.join(data_root.corpus_dir(), "duplicates.parquet"))
+    copies = {r: (k, o) for p, r, k, o in zip(*(dups.column(c).to_pylist() for c in (
+        "partition_key", "row", "dup_of_partition_key", "dup_of_row"))) if p == "shard_copy"}
+    assert copies == {i: (KEYS[0], picked[i]) for i in range(10)}
+    sel = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    chosen2 = set(zip(sel.column("partition_key").to_pylist(), sel.column("row").to_pylist()))
+    assert not any(k == "shard_copy" for k, _ in chosen2)
+    assert {(KEYS[0], r) for r in picked} <= chosen2
+    assert _meta(second, "corpus_subset")["rewritten_shards"].value == ["shard_copy"]
+
+    # one setting turns it off: nothing dropped, every row may be selected
+    off = dg.materialize(
+        ASSETS, instance=instance, resources=resources,
+        selection=dg.AssetSelection.assets("corpus_dedup", "corpus_selection", "corpus_subset"),
+        run_config=dg.RunConfig({"corpus_dedup": {"config": {"enabled": False}},
+                                 "corpus_selection": CorpusConfig(algorithm="Pair_simi",
+                                                                  select_rows=60)}))
+    assert _meta(off, "corpus_dedup")["dropped"].value == 0
+    assert _meta(off, "corpus_selection")["rows_after_dedup"].value == 3 * ROWS + 10
+
+
+def test_a_corpus_of_duplicates_fails_readably(instance, data_root, resources):
+    from datamask_pipeline.engine.sample import make_table
+
+    os.makedirs(data_root.raw_root, exist_ok=True)
+    t = make_table(50, dim=16, seed=1)
+    for i in range(2):  # the same 50 rows twice, under other ids
+        u = t.set_column(0, "chunk_id", pc.add(t.column("chunk_id"), i * 1000))
+        pq.write_table(u, os.path.join(data_root.raw_root, f"dup_{i}.parquet"))
+    register_shards(instance, data_root.raw_root)
+    for key in ("dup_0", "dup_1"):
+        _features(instance, resources, key)
+    r = _corpus(instance, resources, raise_on_error=False, select_ratio=0.6)
+    assert not r.success
+    msg = [e for e in r.all_events if e.is_step_failure][0].step_failure_data.error.message
+    assert "remain after deduplication" in msg and "60" in msg

@@ -33,7 +33,9 @@ EXPECTED_ASSETS = {
                            partitions=None, kinds=["duckdb"], code_version="catalog-3",
                            executable=True),
     # the corpus stage: one selection over every shard, then each shard's rows
-    "corpus_selection": dict(group="corpus", deps=["features"], partitions=None,
+    "corpus_dedup": dict(group="corpus", deps=["features", "raw_shard"], partitions=None,
+                         kinds=["faiss", "parquet"], code_version="corpus-1", executable=True),
+    "corpus_selection": dict(group="corpus", deps=["corpus_dedup", "features"], partitions=None,
                              kinds=["parquet", "pytorch"], code_version="corpus-1",
                              executable=True),
     "corpus_subset": dict(group="corpus", deps=["corpus_selection", "raw_shard"],
@@ -49,7 +51,7 @@ EXPECTED_JOBS = {
     "datamask_job": ["features", "mask", "selected_subset", "shard_report"],
     "corpus_summary_job": ["corpus_summary"],
     "features_job": ["features"],
-    "corpus_job": ["corpus_selection", "corpus_subset"],
+    "corpus_job": ["corpus_dedup", "corpus_selection", "corpus_subset"],
 }
 # the presets' jobs run the same chain as datamask_job
 EXPECTED_JOBS.update({name: EXPECTED_JOBS["datamask_job"]
@@ -157,6 +159,7 @@ def test_assets_carry_owners_stage_tags_and_freshness():
     assert stages == {"raw_shard": "ingest", "features": "ingest", "mask": "learn",
                       "selected_subset": "select", "corpus_summary": "report",
                       "shard_report": "report", "corpus_selection": "learn",
+                      "corpus_dedup": "validate",
                       "corpus_subset": "select"}
     for name in ("selected_subset", "corpus_summary"):
         assert graph.get(dg.AssetKey(name)).freshness_policy is None

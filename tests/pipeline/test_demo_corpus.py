@@ -25,7 +25,8 @@ def test_demo_selects_for_the_corpus_of_a_data_root_with_parquet_files(tmp_path)
     r = _run(["--data-root", str(root), "--algorithm", "Pair_simi", "--select-rows", "91",
               "--lamb", "0.4"], env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "mode gather" in r.stdout and "91 of 900 rows selected" in r.stdout
+    assert "mode gather" in r.stdout and "of the 900 input rows; 91 rows selected" in r.stdout
+    assert "deduplication: " in r.stdout and "rows dropped" in r.stdout
     files = sorted(os.listdir(root / "selected"))
     assert files == [f"shard_00{i}.parquet" for i in range(3)]
     ids = [i for f in files for i in pq.read_table(root / "selected" / f).column("chunk_id").to_pylist()]

@@ -51,7 +51,7 @@ KEYS = [f"shard_{i:03d}" for i in range(SHARDS)]
 DEMO_KEY = KEYS[0]  # materialized; KEYS[1] stays missing
 N_EPOCHS = 60
 ASSETS = ["raw_shard", "features", "mask", "shard_report", "selected_subset", "corpus_summary",
-          "corpus_selection", "corpus_subset"]
+          "corpus_selection", "corpus_subset", "corpus_dedup"]
 GROUPS = ["datamask", "corpus"]
 CHAIN = "features,mask,shard_report,selected_subset"
 
@@ -368,8 +368,8 @@ def test_asset_graph_shows_assets_checks_and_partitions(page, server):
         expect(page.get_by_text(f"{len(CHECKS)} / {len(CHECKS)} Passed", exact=True)).to_be_visible()
         expect(page.get_by_text("50% filled", exact=True)).to_have_count(4)  # features, mask, report, subset
         expect(page.get_by_text(f"{SHARDS} partitions", exact=True)).to_have_count(4)
-        # corpus_summary, corpus_selection, corpus_subset
-        expect(page.get_by_text("Never materialized", exact=True)).to_have_count(3)
+        # corpus_summary, corpus_dedup, corpus_selection, corpus_subset
+        expect(page.get_by_text("Never materialized", exact=True)).to_have_count(4)
         page.wait_for_load_state("networkidle")
         shot = _shot(page, "asset_graph")
     _update_doc_image(shot, "ui_asset_graph.png")

@@ -444,6 +444,8 @@ def select_corpus(
         lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
         rows = glob[lo:hi] - offsets[i]
         selected[s.key] = rows if maps[i] is None else maps[i][rows]  # the shard's own rows
+    if scored_by is not None and n != n_input:
+        scored_by += f", the {n:,} rows left after deduplication"
     timings["total_s"] = time.perf_counter() - t_start
     ckpt.clear()
     return CorpusSelection(
