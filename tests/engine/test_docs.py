@@ -93,3 +93,9 @@ def test_readme_corpus_tables_are_the_committed_runs():
     assert scale["peak_rss_bytes"] <= 1.1 * scale["peak_rss_per_shard_phase_bytes"]
     assert scale["scores"]["selection"]["f"] >= scale["f_per_shard_start"]
     assert (scale["scores"]["selection"]["f"] - scale["f_per_shard_start"]) < 3e-6 * scale["scores"]["selection"]["f"]
+    srt = json.loads((res / "results_corpus_scale_sorted.json").read_text())
+    # the two cuts of the same rows end at the same whole-corpus f (printed to 6 digits)
+    assert round(srt["scores"]["selection"]["f"], 6) == round(scale["scores"]["selection"]["f"], 6)
+    assert srt["f_per_shard_start"] < srt["scores"]["quality_topk"]["f"] < srt["scores"]["selection"]["f"]
+    assert len(srt["round_log"]) == 29 and srt["converged"]
+    assert round(srt["peak_rss_bytes"] / 2**30, 1) == 6.6 and round(srt["peak_rss_per_shard_phase_bytes"] / 2**30, 1) == 2.6
