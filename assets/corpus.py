@@ -33,7 +33,6 @@ from .partitions import PARTITIONS_NAME
 
 GROUP = "corpus"
 CODE_VERSION = "corpus-1"
-TOKENIZERS = ("whitespace",)
 
 
 CorpusConfig = create_model(
@@ -52,9 +51,9 @@ CorpusConfig = create_model(
         "the tokenizer."))),
     token_column=(Optional[str], Field(default=None, description=(
         "Raw column holding each row's token count (for select_tokens)."))),
-    tokenizer=(str, Field(default="whitespace", description=(
-        "How tokens are counted from the text when there is no token_column: whitespace "
-        "(words separated by whitespace)."))),
+    tokenizer=(str, Field(default="wordllama", description=(
+        "How tokens are counted from the text when there is no token_column: wordllama (the "
+        "subword tokenizer shipped with the default embedding model) or whitespace (words)."))),
     blocks=(Optional[int], Field(default=None, description=(
         "random_blocks: number of blocks (default: as many as shards)."))),
     gather_max_rows=(int, Field(default=1_000_000, description=(
@@ -89,11 +88,9 @@ def _tokens(raw_uri: str, config, text_column: str | None) -> np.ndarray:
             raise DataContractError(raw_uri, "column present", column=text_column or "text",
                                     detail="select_tokens without token_column counts tokens "
                                            f"from the text; available columns: {names}")
-        if config.tokenizer not in TOKENIZERS:
-            raise ConfigError(f"tokenizer={config.tokenizer!r}: one of {TOKENIZERS}")
-        text = pf.read(columns=[text_column]).column(0)
-        words = pc.list_value_length(pc.utf8_split_whitespace(text))
-        return pc.fill_null(words, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        from datamask_pipeline.engine.corpus.tokens import count_tokens
+
+        return count_tokens(pf.read(columns=[text_column]).column(0), config.tokenizer)
 
 
 def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) -> tuple:

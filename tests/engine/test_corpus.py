@@ -349,3 +349,14 @@ def test_selection_skips_dropped_rows_and_takes_the_budget_of_the_input():
             assert s.keep[res.selected[s.key]].all()  # no dropped row selected
     with pytest.raises(ConfigError, match="remain after deduplication"):
         select_corpus(shards, cfg, CorpusBudget("fraction", 0.8))
+
+
+def test_token_counts_with_a_named_tokenizer():
+    from datamask_pipeline.engine.corpus.tokens import count_tokens
+
+    texts = ["The quick brown fox jumps over the lazy dog.", "", None, "tokenization"]
+    assert count_tokens(texts, "whitespace").tolist() == [9, 0, 0, 1]
+    sub = count_tokens(texts, "wordllama")
+    assert sub[1] == sub[2] == 0 and sub[0] >= 9 and sub[3] >= 2  # subwords: a long word splits
+    with pytest.raises(ConfigError, match="tokenizer='gpt9'"):
+        count_tokens(texts, "gpt9")
