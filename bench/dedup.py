@@ -1,0 +1,212 @@
+"""Deduplication across the corpus, measured (``engine/corpus/dedup.py``).
+
+``planted``: real text (CPython's reference manual, ``pydoc_data.topics``, cut into
+paragraphs) embedded with the default model, with near-duplicates planted in other files than
+their originals (the same text with a footer line added, embedded again): recall (planted
+pairs whose copy is dropped as a duplicate of its original) and precision (dropped rows that
+are a planted copy, or, for the others, whose duplicate is equal up to case and spaces, a
+footer or a cosine >= the threshold: checked independently) per kind::
+
+    python -m bench.dedup planted --pairs 500 --tag dedup_planted
+
+``scale``: time and peak memory of each kind at N rows of the generated sample::
+
+    python -m bench.dedup scale --rows 1000000 --dim 256 --tag dedup_scale
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+import numpy as np
+
+from bench.common import cpu_model
+
+FOOTER = "Shared from our weekly newsletter: subscribe for more articles like this one."
+
+
+def _paragraphs(min_chars: int = 80) -> list:
+    from pydoc_data.topics import topics
+
+    out = []
+    for doc in topics.values():
+        for p in doc.split("\n\n"):
+            p = " ".join(p.split())
+            if len(p) >= min_chars:
+                out.append(p)
+    return sorted(set(out))  # the reference manual repeats some paragraphs verbatim
+
+
+def run_planted(pairs: int, files: int, threshold: float, containment: float, seed: int) -> dict:
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+    from datamask_pipeline.engine.embed import load_embedder
+
+    rng = np.random.default_rng(seed)
+    base = _paragraphs()
+    src = rng.choice(len(base), size=pairs, replace=False)
+    texts = base + [base[i] + "\n" + FOOTER for i in src]
+    n0, n = len(base), len(base) + pairs
+    t0 = time.perf_counter()
+    x = load_embedder().embed(texts)
+    embed_s = time.perf_counter() - t0
+    q = rng.random(n)
+    q[n0:] = q[src] - 1e-3  # the copy is a little worse: the original is the one to keep
+    file_of = rng.integers(0, files, size=n)
+    file_of[n0:] = (file_of[src] + 1 + rng.integers(0, files - 1, size=pairs)) % files
+    order = np.lexsort((np.arange(n), file_of))
+    inv = np.empty(n, dtype=np.int64)
+    inv[order] = np.arange(n)
+    row_of = np.empty(n, dtype=np.int64)
+    for f in range(files):
+        m = order[file_of[order] == f]
+        row_of[m] = np.arange(m.size)
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    cos_planted = (xn[n0:] * xn[src]).sum(1)
+    out = {"rows": n, "pairs": pairs, "files": files, "threshold": threshold,
+           "containment": containment, "embed_s": embed_s,
+           "planted_cosine": {"min": float(cos_planted.min()),
+                              "median": float(np.median(cos_planted)),
+                              "share_ge_threshold": float((cos_planted >= threshold).mean())},
+           "modes": {}}
+    where = {(int(file_of[i]), int(row_of[i])): i for i in range(n)}
+    for name, kw in (("exact+fuzzy+near (default)", {}), ("near only", {"exact": False, "fuzzy": False}),
+                     ("exact+fuzzy only", {"near": False})):
+        t0 = time.perf_counter()
+        res = deduplicate(x[order], q[order], np.arange(n)[order], file_of[order], row_of[order],
+                          np.asarray(texts, dtype=object)[order], threshold=threshold,
+                          containment=containment, **kw)
+        secs = time.perf_counter() - t0
+        dropped = {where[(d["shard"], d["row"])]: where[(d["dup_of_shard"], d["dup_of_row"])]
+                   for d in res.dropped}
+        found = sum(1 for j, i in enumerate(src) if dropped.get(n0 + j) is not None
+                    and _same_group(dropped, n0 + j, int(i)))
+        other = [i for i in dropped if i < n0]
+        ok_other = sum(1 for i in other if _justified(texts, xn, i, dropped[i], threshold))
+        both_kept = sum(1 for j, i in enumerate(src) if n0 + j not in dropped and int(i) not in dropped)
+        out["modes"][name] = {
+            "seconds": secs, "dropped": len(dropped), "planted_found": found,
+            "recall": found / pairs, "planted_pairs_both_kept": both_kept,
+            "other_dropped": len(other), "other_justified": ok_other,
+            "precision": (found + ok_other) / max(1, len(dropped)), "stats": res.stats}
+        print(f"{name:28s} recall {found / pairs:.3f}, both kept {both_kept}, dropped {len(dropped)} "
+              f"({len(other)} not planted, {ok_other} of them justified) in {secs:.1f}s", flush=True)
+    return out
+
+
+def _same_group(dropped: dict, a: int, b: int) -> bool:
+    """a is dropped as a duplicate of b, directly or through a chain of duplicates."""
+    seen = set()
+    while a in dropped and a not in seen:
+        seen.add(a)
+        a = dropped[a]
+        if a == b:
+            return True
+    return False
+
+
+def _justified(texts, xn, a: int, b: int, threshold: float) -> bool:
+    from datamask_pipeline.engine.corpus.dedup import _shingles, normalised_text_keys
+
+    ka, kb = normalised_text_keys([texts[a], texts[b]])
+    if ka == kb or float(xn[a] @ xn[b]) >= threshold - 1e-6:
+        return True
+    sa, sb = _shingles(ka), _shingles(kb)
+    return bool(sa and sb and len(sa & sb) / min(len(sa), len(sb)) >= 0.8)
+
+
+def run_scale(rows: int, dim: int, seed: int) -> dict:
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+    from datamask_pipeline.engine.sample import make_table
+
+    t0 = time.perf_counter()
+    t = make_table(rows, dim=dim, seed=seed)
+    x = np.asarray(t.column("feature_arr").combine_chunks().flatten().to_numpy()).reshape(rows, dim)
+    q = t.column("quality_score").to_numpy()
+    texts = t.column("text").combine_chunks()
+    gen_s = time.perf_counter() - t0
+    out = {"rows": rows, "dim": dim, "generate_s": gen_s, "cpu": cpu_model(), "kinds": {}}
+    for name, kw in (("exact", {"fuzzy": False, "near": False}),
+                     ("fuzzy", {"exact": False, "near": False}),
+                     ("near", {"exact": False, "fuzzy": False})):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        t0 = time.perf_counter()
+        res = deduplicate(x, q, np.arange(rows), np.zeros(rows, dtype=np.int64),
+                          np.arange(rows), texts, **kw)
+        secs = time.perf_counter() - t0
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out["kinds"][name] = {"seconds": secs, "dropped": len(res.dropped),
+                              "peak_rss_bytes": peak * 1024, "peak_rss_before_bytes": before * 1024,
+                              "clusters": res.stats.get("clusters")}
+        print(f"{name}: {secs:.1f}s, {len(res.dropped):,} dropped, peak RSS {peak / 2**20:.2f} GiB",
+              flush=True)
+    return out
+
+
+def planted_markdown(r: dict) -> str:
+    pc = r["planted_cosine"]
+    lines = [f"{r['rows']:,} paragraphs of CPython's reference manual ({r['pairs']} of them planted "
+             f"again with a footer line, in another of {r['files']} files), embedded with the "
+             f"default model: the planted copies' cosine to their originals is {pc['min']:.3f} at "
+             f"least, {pc['median']:.3f} in the median; {pc['share_ge_threshold']:.0%} reach the "
+             f"near-duplicate threshold {r['threshold']}.", "",
+             "| kinds | recall (planted) | planted pairs both kept | dropped | not planted (justified) | precision | seconds |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, m in r["modes"].items():
+        lines.append(f"| {name} | {m['recall']:.3f} | {m['planted_pairs_both_kept']} | {m['dropped']:,} | "
+                     f"{m['other_dropped']:,} ({m['other_justified']:,}) | {m['precision']:.3f} | "
+                     f"{m['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
+def scale_markdown(r: dict) -> str:
+    g = 2 ** 30
+    lines = [f"{r['rows']:,} generated rows, {r['dim']}-d, one process, {r['cpu']}.", "",
+             "| kind | seconds | rows dropped | peak RSS |", "|---|---:|---:|---:|"]
+    for name, k in r["kinds"].items():
+        lines.append(f"| {name} | {k['seconds']:.0f} | {k['dropped']:,} | {k['peak_rss_bytes'] / g:.2f} GiB |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.dedup", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("planted")
+    a.add_argument("--pairs", type=int, default=500)
+    a.add_argument("--files", type=int, default=8)
+    a.add_argument("--threshold", type=float, default=0.98)
+    a.add_argument("--containment", type=float, default=0.8)
+    b = sub.add_parser("scale")
+    b.add_argument("--rows", type=int, default=1_000_000)
+    b.add_argument("--dim", type=int, default=256)
+    for s in (a, b):
+        s.add_argument("--seed", type=int, default=0)
+        s.add_argument("--tag", default=None)
+        s.add_argument("--out", default="bench/results")
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(1)
+    if args.what == "planted":
+        r = run_planted(args.pairs, args.files, args.threshold, args.containment, args.seed)
+        md = planted_markdown(r)
+    else:
+        r = run_scale(args.rows, args.dim, args.seed)
+        md = scale_markdown(r)
+    r["command"] = "python -m bench.dedup " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(md)
+    if args.tag:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, f"results_{args.tag}.json"), "w") as fh:
+            json.dump(r, fh, indent=1, default=float)
+        with open(os.path.join(args.out, f"REPORT_{args.tag}.md"), "w") as fh:
+            fh.write(f"# {args.tag}\n\nCommand: `{r['command']}`\n\n{md}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
