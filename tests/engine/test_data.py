@@ -105,8 +105,10 @@ ALL = list(range(N))
 CASES = [
     ("missing_id", good(chunk_id=None), {}, "chunk_id", "column present", [],
      "available columns: ['quality_score', 'feature_arr', 'text']"),
-    ("missing_quality", good(quality_score=None), {}, "quality_score", "column present", [],
-     "available columns"),
+    # (with the text column and quality_from_text, the default, the quality is scored from
+    # the text instead: tests/engine/test_quality.py)
+    ("missing_quality", good(quality_score=None), {"columns": Columns(quality_from_text=False)},
+     "quality_score", "column present", [], "available columns"),
     ("missing_second_quality", good(), {"columns": Columns(quality=("quality_score", "edu"))},
      "edu", "column present", [], "available columns"),
     ("missing_embedding", good(feature_arr=None, text=None), {}, "feature_arr", "column present",
