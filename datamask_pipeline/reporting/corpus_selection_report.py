@@ -57,7 +57,19 @@ def render_page(summary: dict, budget: str, sources: dict | None = None) -> str:
                   for n, v in (summary.get("scores") or {}).items()]
     rounds = [[r["round"], f"{r['swaps']:,}", f"{r['f']:.8f}", f"{r['seconds']:.1f}",
                f"{r['bytes_exchanged']:,}"] for r in summary.get("rounds") or []]
-    return render("corpus_selection.html.j2", title="Corpus selection", summary=summary,
+    dd = summary.get("dedup") or {}
+    if dd.get("enabled"):
+        rows_in = max(1, int(dd.get("rows") or 0))
+        dedup = [["rows before", f"{dd.get('rows', 0):,}"],
+                 ["dropped", f"{dd.get('dropped', 0):,} ({(dd.get('dropped') or 0) / rows_in:.1%})"],
+                 ["exact text", f"{dd.get('exact_dropped') or 0:,}"],
+                 ["fuzzy text (containment ≥ " + f"{dd.get('containment')})", f"{dd.get('fuzzy_dropped') or 0:,}"],
+                 ["near (cosine ≥ " + f"{dd.get('threshold')})", f"{dd.get('near_dropped') or 0:,}"]]
+    elif dd:
+        dedup = [["deduplication", "off"]]
+    else:
+        dedup = None
+    return render("corpus_selection.html.j2", title="Corpus selection", summary=summary, dedup=dedup,
                   budget=budget, excluded=sorted((summary.get("excluded") or {}).items()),
                   score_rows=score_rows, figures=figures,
                   shard_rows=_share_rows(keys, rows, sel), source_rows=source_rows,

@@ -99,3 +99,20 @@ def test_readme_corpus_tables_are_the_committed_runs():
     assert srt["f_per_shard_start"] < srt["scores"]["quality_topk"]["f"] < srt["scores"]["selection"]["f"]
     assert len(srt["round_log"]) == 29 and srt["converged"]
     assert round(srt["peak_rss_bytes"] / 2**30, 1) == 6.6 and round(srt["peak_rss_per_shard_phase_bytes"] / 2**30, 1) == 2.6
+
+
+def test_readme_dedup_table_is_the_committed_run():
+    import json
+
+    from bench.dedup import planted_markdown
+
+    readme = (REPO / "README.md").read_text()
+    r = json.loads((REPO / "bench" / "results" / "results_dedup_planted.json").read_text())
+    assert planted_markdown(r) in readme
+    default = r["modes"]["exact+fuzzy+near (default)"]
+    assert default["planted_pairs_both_kept"] <= 5 and default["precision"] >= 0.99
+    assert r["modes"]["near only"]["recall"] < 0.5  # why the text kinds are on by default
+    from datamask_pipeline.engine.corpus.dedup import DEFAULT_CONTAINMENT, DEFAULT_THRESHOLD
+
+    assert r["threshold"] == DEFAULT_THRESHOLD == 0.98 and r["containment"] == DEFAULT_CONTAINMENT
+    assert "threshold` (**0.98**)" in readme and "`containment` (0.8)" in readme

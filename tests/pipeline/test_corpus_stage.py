@@ -191,6 +191,8 @@ def test_duplicates_across_shards_are_dropped_with_lineage_and_a_new_shard_of_co
     # lineage: each dropped row names a row that is kept or itself dropped for a reason
     assert set(dups.column("reason").to_pylist()) <= {"exact", "fuzzy", "near"}
     assert _meta(first, "corpus_selection")["dedup_dropped"].value == dups.num_rows
+    page = open(_meta(first, "corpus_subset")["report"].value).read()
+    assert "Deduplication" in page and "cosine ≥ 0.98" in page and f"{dups.num_rows:,} (" in page
 
     # a new shard copies 10 selected rows of shard_000: the copies are dropped as their
     # duplicates and never selected; the originals stay selected
