@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from pydantic import Field, create_model
 
 from datamask_pipeline.engine import storage
+from datamask_pipeline.engine.corpus.dedup import DEFAULT_CONTAINMENT, DEFAULT_THRESHOLD
 from datamask_pipeline.engine.config import ConfigError
 from datamask_pipeline.engine.data import DataContractError
 from resources.contract import DataContract
@@ -186,12 +187,12 @@ class DedupConfig(dg.Config):
     fuzzy: bool = Field(default=True, description=(
         "Fuzzy text duplicates: MinHash-LSH over word 3-grams, then a pair whose smaller text's "
         "3-grams are contained in the other's at >= containment (needs the raw text column)."))
-    containment: float = Field(default=0.8, gt=0.0, le=1.0, description=(
+    containment: float = Field(default=DEFAULT_CONTAINMENT, gt=0.0, le=1.0, description=(
         "Share of the smaller text's word 3-grams found in the other text for a fuzzy duplicate."))
     near: bool = Field(default=True, description=(
         "Semantic near-duplicates: rows clustered over the whole corpus, then pairs inside a "
         "cluster at cosine >= threshold."))
-    threshold: float = Field(default=0.98, gt=0.0, le=1.0, description=(
+    threshold: float = Field(default=DEFAULT_THRESHOLD, gt=0.0, le=1.0, description=(
         "Cosine at or above which two rows are near-duplicates (the worse-ranked one is dropped)."))
     rows_per_cluster: int = Field(default=1000, ge=2, description=(
         "Mean cluster size of the corpus-wide k-means (clusters = rows / this)."))
