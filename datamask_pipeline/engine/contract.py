@@ -110,8 +110,10 @@ READABLE = R("not a readable parquet file", (), "file", "the file opens and read
 PRESENT = R(
     "column present", (ID, QUALITY, EMBEDDING), "type",
     "the id, quality and embedding columns exist, or instead of the embedding column the "
-    "text column `text`, which is then embedded (see *Text-only shards*); any other column "
-    "(`source`, …) is allowed, not checked, and copied untouched to the selected subset",
+    "text column `text`, which is then embedded (see *Text-only shards*), and instead of the "
+    "quality column(s) the text column, from which the quality is scored (see *Quality from "
+    "text*); any other column (`source`, …) is allowed, not checked, and copied untouched to "
+    "the selected subset",
     arrow=lambda t: t is None, detail="available columns: {names}")
 ID_TYPE = R("id column is integer or string", (ID,), "type", "ids are integers or strings",
             arrow=lambda t: not (pa.types.is_integer(t) or _is_string(t)),
@@ -208,8 +210,12 @@ def contract_table_markdown() -> str:
 
 # ------------------------------------------------------------------ text-only shards
 # A shard without its embedding column but with a text column is embedded from the text
-# (``engine.embed``). These rules apply to that text, while it is embedded, and only then (a
-# shard that carries embeddings never has its text read). None has SQL: the canonical features
+# (``engine.embed``); one without its quality column(s) is scored from the text
+# (``engine.quality``). These rules apply to that text, while it is embedded or scored, and only
+# then (a shard that carries embeddings and quality never has its text read). Their policy:
+# the shard is rejected, naming the rows; a bad text is never scored 0, embedded or dropped,
+# because every row of a shard must stay selectable. Empty and whitespace-only text are one
+# rule, ``non-blank text``; binary text is decoded as UTF-8 under ``text is valid UTF-8``. None has SQL: the canonical features
 # file holds no text. A very long document is no violation: it is truncated at the embedding
 # model's token limit (``max_tokens``), or embedded window by window and averaged when the
 # pooling is ``chunks``; the number of truncated rows is reported.
