@@ -24,10 +24,23 @@ Catalog contents:
   have no selection yet;
 * ``selected_rows`` (local data roots): a view over all selected parquet files, every raw
   column plus ``partition_key``.
+
+Where the numbers come from: the latest materializations of ``selected_subset``, ``mask`` and
+``shard_report`` per partition (a few batched event-log queries, whatever the number of shards)
+and one listing of the selected files (their sizes). No shard's file is opened when its
+records are complete and agree: the selected file's size is the one ``selected_subset``
+recorded, and the latest ``selected_subset`` is newer than the latest ``mask`` (the dry run's
+rule).
+A shard whose records are missing (an instance that did not build it), older than the metadata
+the catalog needs, or disagree with the files is read from its files as before (features and
+mask joined in DuckDB, the selected file's footer, the mask file's record, the shard report's
+``report_metrics.json``), which fails naming the partition when they disagree; the
+materialization's ``shards_read_from_files`` says how many were.
 """
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -100,10 +113,11 @@ def mask_scores(data_root: DataRoot, key: str) -> dict:
             "f_div_selection": float(rec.scores["datamask"]["f_div"])}
 
 
-def shard_row(con, data_root: DataRoot, key: str) -> dict:
-    """One shard's catalog row: counts and quality from DuckDB over the features and mask
-    parquet, objective numbers from the mask's selection record, spectrum flatness from the
-    shard report (when one was built)."""
+def shard_row(con, data_root: DataRoot, key: str) -> tuple[dict, dict | None]:
+    """One shard's catalog row read from its files, and its shard report's metrics (None when
+    no report was built): counts and quality from DuckDB over the features and mask parquet,
+    objective numbers from the mask's selection record, spectrum flatness from the shard
+    report."""
     import pyarrow.dataset as ds
     import pyarrow.parquet as pq
 
@@ -143,10 +157,109 @@ def shard_row(con, data_root: DataRoot, key: str) -> dict:
     row.update(mask_scores(data_root, key))
     if "spectrum_flatness_selected" in metrics:
         row["spectrum_flatness_selected"] = float(metrics["spectrum_flatness_selected"])
-    return row
+    return row, (metrics or None)
 
 
-def corpus_report_input(row: dict, data_root: DataRoot) -> dict:
+SELECTED_FACTS = ("rows_raw", "dagster/row_count", "quality_mean_before", "quality_mean_after",
+                  "bytes")
+MASK_FACTS = ("algorithm", "lamb", "solver", "route", "guard", "f_datamask", "f_quality_topk",
+              "f_random", "f_qua_datamask", "f_div_datamask")
+
+
+def _finite(v):
+    return None if v is None or not math.isfinite(float(v)) else float(v)
+
+
+def shard_row_from_records(data_root: DataRoot, key: str, selected_rec, mask_rec, report_rec,
+                           selected_size: int | None) -> tuple[dict, dict | None] | None:
+    """One shard's catalog row and its report metrics from the latest materializations of
+    ``selected_subset``, ``mask`` and ``shard_report``, opening no file; None when the records
+    cannot vouch for the files (a fact missing from older metadata, a selected file whose size
+    is not the recorded one, a mask newer than its selection): then the files are read."""
+    if selected_rec is None or mask_rec is None:
+        return None
+    sm, mm = selected_rec.asset_materialization.metadata, mask_rec.asset_materialization.metadata
+    if any(f not in sm for f in SELECTED_FACTS) or any(f not in mm for f in MASK_FACTS):
+        return None
+    if selected_size is None or selected_size != sm["bytes"].value:
+        return None
+    if mask_rec.storage_id > selected_rec.storage_id:  # the dry run's rule (plan.py)
+        return None
+    metrics = None
+    if report_rec is not None:
+        rm = report_rec.asset_materialization.metadata
+        if "built" not in rm:
+            return None
+        if rm["built"].value:
+            if "corpus_metrics" not in rm:  # built before the report recorded them
+                metrics = report_metrics(data_root, key)
+            else:
+                metrics = dict(rm["corpus_metrics"].value)
+    rows_raw, rows_sel = int(sm["rows_raw"].value), int(sm["dagster/row_count"].value)
+    row = {c: None for c, _ in SHARD_COLUMNS}
+    row.update(
+        partition_key=key, raw_uri=str(data_root.raw_shard(key)),
+        selected_uri=str(data_root.selected(key)), rows_raw=rows_raw, rows_selected=rows_sel,
+        kept_fraction=(rows_sel / rows_raw) if rows_raw else None,
+        quality_mean_before=_finite(sm["quality_mean_before"].value),
+        quality_mean_after=_finite(sm["quality_mean_after"].value),
+        selected_bytes=int(sm["bytes"].value),
+        report_uri=str(storage.join(data_root.report_dir(key), "report.html")) if metrics else None,
+        algorithm=mm["algorithm"].value, lamb=mm["lamb"].value, solver=mm["solver"].value,
+        route=mm["route"].value, guard=mm["guard"].value or None,
+        f_selection=float(mm["f_datamask"].value), f_quality_topk=float(mm["f_quality_topk"].value),
+        f_random=float(mm["f_random"].value), f_qua_selection=float(mm["f_qua_datamask"].value),
+        f_div_selection=float(mm["f_div_datamask"].value),
+    )
+    if metrics and metrics.get("spectrum_flatness_selected") is not None:
+        row["spectrum_flatness_selected"] = float(metrics["spectrum_flatness_selected"])
+    return row, metrics
+
+
+def selected_sizes(data_root: DataRoot) -> dict:
+    """{partition key: bytes} of the selected files, from one listing."""
+    try:
+        infos = storage.list_file_infos(data_root.selected_root, suffix=".parquet")
+    except storage.StorageError:  # not created yet: nothing there
+        return {}
+    out = {}
+    for uri, (size, _) in infos.items():
+        try:
+            out[storage.partition_key_for(uri)] = size
+        except ValueError:  # not a partition's file
+            continue
+    return out
+
+
+def catalog_rows(con, instance: dg.DagsterInstance, data_root: DataRoot, keys: list):
+    """(catalog rows, {key: report metrics}, keys without a selection, keys read from files):
+    from the materialization records where they vouch for the files, else from the files."""
+    from datamask_pipeline.plan import _latest_records
+
+    sizes = selected_sizes(data_root)
+    listed = [k for k in keys if k in sizes]
+    sel = _latest_records(instance, selected_subset.key, listed)
+    masks = _latest_records(instance, mask.key, [k for k in listed if k in sel])
+    reports = _latest_records(instance, shard_report.key, [k for k in listed if k in sel])
+    rows, metrics, missing, from_files = [], {}, [], []
+    for key in keys:
+        if key not in sizes:
+            missing.append(key)
+            continue
+        got = shard_row_from_records(data_root, key, sel.get(key), masks.get(key),
+                                     reports.get(key), sizes[key])
+        if got is None:
+            if not all(storage.exists(u) for u in (data_root.mask(key), data_root.features(key))):
+                missing.append(key)
+                continue
+            got = shard_row(con, data_root, key)
+            from_files.append(key)
+        rows.append(got[0])
+        metrics[key] = got[1]
+    return rows, metrics, missing, from_files
+
+
+def corpus_report_input(row: dict, report: dict | None) -> dict:
     """A shard's metrics for ``reporting.build_corpus_report``: the catalog's numbers, with the
     shard report's richer metrics on top when one was built."""
     m = {
@@ -157,7 +270,7 @@ def corpus_report_input(row: dict, data_root: DataRoot) -> dict:
         "f_topk": row["f_quality_topk"], "f_random": row["f_random"], "lamb": row["lamb"],
         "spectrum_flatness_selected": row["spectrum_flatness_selected"],
     }
-    m.update(report_metrics(data_root, row["partition_key"]) or {})
+    m.update(report or {})
     return m
 
 
@@ -216,17 +329,7 @@ def write_catalog(con, rows: list, missing: list, data_root: DataRoot) -> None:
         )
 
 
-def shards_with_selection(data_root: DataRoot, keys: list) -> tuple[list, list]:
-    """(keys whose features, mask and selected subset all exist, the other keys)."""
-    ready, missing = [], []
-    for key in keys:
-        ok = all(storage.exists(u) for u in (data_root.selected(key), data_root.mask(key),
-                                             data_root.features(key)))
-        (ready if ok else missing).append(key)
-    return ready, missing
-
-
-def write_corpus_report(rows: list, missing: list, data_root: DataRoot):
+def write_corpus_report(rows: list, missing: list, data_root: DataRoot, reports: dict):
     """The corpus report over the catalog's rows; returns (report, written files)."""
     from datamask_pipeline.reporting.corpus_report import build_corpus_report
     from datamask_pipeline.reporting.corpus_report import write_corpus_report as write
@@ -235,7 +338,7 @@ def write_corpus_report(rows: list, missing: list, data_root: DataRoot):
     links = {r["partition_key"]: f"../reports/{r['partition_key']}/report.html"
              for r in rows if r["report_uri"]}
     report = build_corpus_report(
-        {r["partition_key"]: corpus_report_input(r, data_root) for r in rows},
+        {r["partition_key"]: corpus_report_input(r, reports.get(r["partition_key"])) for r in rows},
         algorithm=", ".join(algorithms) or None, links=links,
         extra={"shards without a selection": str(len(missing))},
     )
@@ -294,19 +397,22 @@ def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot,
     before / after and gain over quality top-k per shard). Metadata: totals and a per-shard
     table."""
     keys = sorted(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
-    ready, missing = shards_with_selection(data_root, keys)
-    if missing:
-        context.log.warning(f"{len(missing)} registered shard(s) have no selected subset yet: "
-                            f"{missing[:20]}")
     with rebuilt_database(catalog) as con:
-        rows = [shard_row(con, data_root, key) for key in ready]
+        rows, reports, missing, from_files = catalog_rows(con, context.instance, data_root, keys)
+        if missing:
+            context.log.warning(f"{len(missing)} registered shard(s) have no selected subset "
+                                f"yet: {missing[:20]}")
+        if from_files:
+            context.log.info(f"{len(from_files)} shard(s) read from their files (no complete, "
+                             f"consistent materialization records): {from_files[:20]}")
         write_catalog(con, rows, missing, data_root)
-    report, files = write_corpus_report(rows, missing, data_root)
+    report, files = write_corpus_report(rows, missing, data_root, reports)
     metadata = summary_metadata(rows, keys, missing)
     context.log.info(f"catalog {catalog.database}: {len(rows)} shards, "
                      f"{metadata['rows_selected']} of {metadata['rows_raw']} rows selected")
     return dg.MaterializeResult(metadata={
         **metadata,
+        "shards_read_from_files": len(from_files),
         "catalog_uri": dg.MetadataValue.path(str(catalog.database)),
         "corpus_report_html": dg.MetadataValue.path(str(files["html"])),
         "corpus_report": dg.MetadataValue.md(report.markdown),

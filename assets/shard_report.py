@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from datamask_pipeline.engine import storage
 from datamask_pipeline.engine.storage import mask_file
+from datamask_pipeline.reporting.numerics import ROW_FIELDS, finite_or_none
 from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.storage import DataRoot
@@ -125,7 +126,8 @@ def shard_report(context: dg.AssetExecutionContext, data_root: DataRoot,
     distributions, embedding projection, eigen-spectrum flatness, retention per source, and
     the whole-shard scores of the selection (named by its route), quality top-k and random from
     the mask's record.
-    Metadata: the page's path, its tables, key metrics; or ``built = false`` and the reason."""
+    Metadata: the page's path, its tables, key metrics, the numbers the corpus report takes
+    (``corpus_metrics``); or ``built = false`` and the reason."""
     key = context.partition_key
     if not learner.shard_report:
         return not_built(data_root, key, "disabled (MaskLearner.shard_report = false)")
@@ -144,5 +146,10 @@ def shard_report(context: dg.AssetExecutionContext, data_root: DataRoot,
     metadata = {"built": True, "report_html": dg.MetadataValue.path(str(files["html"])),
                 "report": dg.MetadataValue.md(report.markdown)}
     metadata.update({m: float(report.metrics[m]) for m in KEY_METRICS if m in report.metrics})
+    # what the corpus catalog and report take from this shard's report, so corpus_summary reads
+    # it here rather than from report_metrics.json (non-finite numbers as null)
+    metadata["corpus_metrics"] = dg.MetadataValue.json(
+        {src: finite_or_none(report.metrics[src]) for src in sorted(set(ROW_FIELDS.values()))
+         if src in report.metrics})
     return dg.MaterializeResult(metadata=metadata,
                                 data_version=dg.DataVersion(storage.sha256(files["metrics"])))
