@@ -58,3 +58,8 @@ def test_helm_values_render_the_same_sensor_settings():
     assert set(helm) <= {"useThreads", "numWorkers", "numSubmitWorkers"}  # the chart's keys
     k8s = _yaml(REPO / "deploy" / "dagster.yaml")["sensors"]
     assert {"use_threads": helm["useThreads"], "num_workers": helm["numWorkers"]} == k8s
+
+
+def test_readme_says_sensors_tick_in_threads():
+    text = " ".join((REPO / "README.md").read_text().split())
+    assert "Sensors tick in threads (`sensors: use_threads` in both instance files)" in text
