@@ -42,14 +42,19 @@ def _paragraphs(min_chars: int = 80) -> list:
     return sorted(set(out))  # the reference manual repeats some paragraphs verbatim
 
 
-def run_planted(pairs: int, files: int, threshold: float, containment: float, seed: int) -> dict:
+def run_planted(pairs: int, files: int, threshold: float, containment: float, seed: int,
+                footers: str = "same") -> dict:
     from datamask_pipeline.engine.corpus.dedup import deduplicate
     from datamask_pipeline.engine.embed import load_embedder
 
     rng = np.random.default_rng(seed)
     base = _paragraphs()
     src = rng.choice(len(base), size=pairs, replace=False)
-    texts = base + [base[i] + "\n" + FOOTER for i in src]
+    if footers == "same":
+        texts = base + [base[i] + "\n" + FOOTER for i in src]
+    else:  # every copy its own footer line: no line is common to many texts
+        words = sorted({w for p in base[:200] for w in p.lower().split() if w.isalpha()})
+        texts = base + [base[i] + "\n" + " ".join(rng.choice(words, 12)) for i in src]
     n0, n = len(base), len(base) + pairs
     t0 = time.perf_counter()
     x = load_embedder().embed(texts)
@@ -67,7 +72,7 @@ def run_planted(pairs: int, files: int, threshold: float, containment: float, se
         row_of[m] = np.arange(m.size)
     xn = x / np.linalg.norm(x, axis=1, keepdims=True)
     cos_planted = (xn[n0:] * xn[src]).sum(1)
-    out = {"rows": n, "pairs": pairs, "files": files, "threshold": threshold,
+    out = {"rows": n, "pairs": pairs, "files": files, "threshold": threshold, "footers": footers,
            "containment": containment, "embed_s": embed_s,
            "planted_cosine": {"min": float(cos_planted.min()),
                               "median": float(np.median(cos_planted)),
@@ -149,8 +154,10 @@ def run_scale(rows: int, dim: int, seed: int) -> dict:
 
 def planted_markdown(r: dict) -> str:
     pc = r["planted_cosine"]
+    foot = ("the same footer line" if r.get("footers", "same") == "same"
+            else "a footer line of its own (12 random words)")
     lines = [f"{r['rows']:,} paragraphs of CPython's reference manual ({r['pairs']} of them planted "
-             f"again with a footer line, in another of {r['files']} files), embedded with the "
+             f"again with {foot}, in another of {r['files']} files), embedded with the "
              f"default model: the planted copies' cosine to their originals is {pc['min']:.3f} at "
              f"least, {pc['median']:.3f} in the median; {pc['share_ge_threshold']:.0%} reach the "
              f"near-duplicate threshold {r['threshold']}.", "",
@@ -180,6 +187,7 @@ def main(argv=None) -> int:
     a.add_argument("--files", type=int, default=8)
     a.add_argument("--threshold", type=float, default=0.98)
     a.add_argument("--containment", type=float, default=0.8)
+    a.add_argument("--footers", default="same", choices=("same", "distinct"))
     b = sub.add_parser("scale")
     b.add_argument("--rows", type=int, default=1_000_000)
     b.add_argument("--dim", type=int, default=256)
@@ -192,7 +200,8 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     if args.what == "planted":
-        r = run_planted(args.pairs, args.files, args.threshold, args.containment, args.seed)
+        r = run_planted(args.pairs, args.files, args.threshold, args.containment, args.seed,
+                        args.footers)
         md = planted_markdown(r)
     else:
         r = run_scale(args.rows, args.dim, args.seed)

@@ -67,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="corpus mode (default auto: one selection over the whole corpus while "
                         "it fits, exchange rounds beyond; per_shard and random_blocks are the "
                         "paper's independent blocks)")
+    p.add_argument("--id-column", default=None,
+                   help="the id column (default chunk_id; a corpus without one whose files have "
+                        "an 'id' column uses that, and says so)")
     p.add_argument("--no-dedup", action="store_true",
                    help="select from every row (default: exact and near-duplicates across the "
                         "corpus are dropped first, cosine >= --dedup-threshold)")
@@ -90,6 +93,29 @@ def _raw_location(args) -> None:
     has_raw = storage.exists(raw) and bool(storage.list_files(raw))
     if not has_raw and storage.list_files(root):
         os.environ[settings.ENV_RAW_ROOT] = root
+
+
+def _id_column(args) -> None:
+    """``--id-column``, or ``id`` when the raw files have no ``chunk_id`` but an ``id``."""
+    import pyarrow.parquet as pq
+
+    from datamask_pipeline.engine import storage
+
+    if args.id_column:
+        os.environ[settings.ENV_ID_COLUMN] = args.id_column
+        return
+    if settings.is_set(settings.ENV_ID_COLUMN):
+        return
+    raw = settings.raw_root()
+    files = storage.list_files(raw) if storage.exists(raw) else []
+    if not files:
+        return
+    fs, path = storage.resolve(files[0])
+    with fs.open_input_file(path) as fh:
+        names = pq.ParquetFile(fh).schema_arrow.names
+    if "chunk_id" not in names and "id" in names:
+        os.environ[settings.ENV_ID_COLUMN] = "id"
+        print("id column: 'id' (the files have no 'chunk_id'; --id-column names another)")
 
 
 def _failure_reason(result) -> str:
@@ -118,6 +144,7 @@ def main(argv=None) -> int:
     os.environ[settings.ENV_CPU_THREADS] = str(args.cpu_threads)
     home = settings.ensure_dagster_home()
     _raw_location(args)
+    _id_column(args)
 
     from datamask_pipeline.engine import storage
     from datamask_pipeline.engine.sample import generate_corpus

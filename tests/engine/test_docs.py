@@ -109,6 +109,9 @@ def test_readme_dedup_table_is_the_committed_run():
     readme = (REPO / "README.md").read_text()
     r = json.loads((REPO / "bench" / "results" / "results_dedup_planted.json").read_text())
     assert planted_markdown(r) in readme
+    d = json.loads((REPO / "bench" / "results" / "results_dedup_planted_distinct.json").read_text())
+    assert planted_markdown(d) in readme and d["footers"] == "distinct"
+    assert d["modes"]["exact+fuzzy+near (default)"]["planted_pairs_both_kept"] <= 5
     default = r["modes"]["exact+fuzzy+near (default)"]
     assert default["planted_pairs_both_kept"] <= 5 and default["precision"] >= 0.99
     assert r["modes"]["near only"]["recall"] < 0.5  # why the text kinds are on by default

@@ -55,3 +55,43 @@ def test_demo_help_runs():
     r = subprocess.run([sys.executable, "-m", "datamask_pipeline.demo", "--help"], cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "--select-tokens" in r.stdout and "--mode" in r.stdout
+
+
+def test_demo_on_bare_id_and_text_files_with_duplicates_across_files(tmp_path):
+    """A corpus of only an id and a text column (no quality, no embeddings), with copies of
+    some documents (a footer added) planted in other files: the main job's defaults compute
+    quality and embeddings, drop the copies, and meet the budget exactly."""
+    import numpy as np
+    import pyarrow as pa
+
+    from bench.dedup import FOOTER, _paragraphs
+
+    root = tmp_path / "corpus"
+    root.mkdir()
+    paras = _paragraphs()[:400]
+    rng = np.random.default_rng(0)
+    planted = rng.choice(len(paras), 30, replace=False)
+    texts = paras + [paras[i] + "\n" + FOOTER for i in planted]
+    ids = np.arange(len(texts))
+    file_of = np.r_[np.arange(len(paras)) % 3, (planted % 3 + 1) % 3]
+    for f in range(3):
+        m = file_of == f
+        pq.write_table(pa.table({"id": pa.array(ids[m]), "text": pa.array(
+            [t for t, k in zip(texts, m) if k])}), root / f"part_{f}.parquet")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DATAMASK_")}
+    env["DAGSTER_HOME"] = str(tmp_path / "home")
+    r = _run(["--data-root", str(root), "--algorithm", "Pair_simi"], env, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "id column: 'id'" in r.stdout
+    got = [i for f in sorted(os.listdir(root / "selected"))
+           for i in pq.read_table(root / "selected" / f).column("id").to_pylist()]
+    assert len(got) == len(set(got)) == round(0.1 * len(texts))  # 10 % of the input rows
+    chosen = set(got)
+    both = [i for j, i in enumerate(planted) if i in chosen and len(paras) + j in chosen]
+    assert both == []
+    dups = pq.read_table(root / "corpus" / "duplicates.parquet")
+    dropped = {int(i) for i in dups.column("id").to_pylist()}
+    # one member of each planted pair is dropped (the one of lower computed quality), found by
+    # the text whatever the embeddings
+    found = [i for j, i in enumerate(planted) if i in dropped or len(paras) + j in dropped]
+    assert len(found) >= 28

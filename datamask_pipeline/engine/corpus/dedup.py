@@ -1,7 +1,9 @@
 """Deduplication across the whole corpus, before the selection.
 
-* **Exact**: rows whose normalised text (lower case, whitespace collapsed, trimmed) is equal.
-* **Fuzzy** (text): MinHash-LSH over word 3-gram shingles (datasketch) finds candidate pairs;
+* **Exact**: rows whose normalised text (lower case, whitespace collapsed, trimmed, lines that
+  occur in ``boilerplate_min_docs`` or more texts left out) is equal.
+* **Fuzzy** (text): MinHash signatures (datasketch) of word 3-gram shingles, banded (LSH) into
+  candidate pairs;
   a pair is a duplicate when the smaller text's shingles are contained in the other's at
   ≥ ``containment`` (the same text with a footer, a header or a small edit).
 * **Semantic near-duplicates** (SemDeDup's scheme): the unit embeddings of every shard are
@@ -24,11 +26,13 @@ __all__ = ["DedupResult", "deduplicate", "normalised_text_keys", "DEFAULT_THRESH
 DEFAULT_THRESHOLD = 0.98
 DEFAULT_CONTAINMENT = 0.8
 ROWS_PER_CLUSTER = 1000
+BOILERPLATE_MIN_DOCS = 5  # a line in this many texts is boilerplate, left out of text keys
 SHINGLE_WORDS = 3
-NUM_PERM = 128
-# candidates from a low Jaccard, so that a short text with an added line (Jaccard ~0.5) is
-# found; each candidate is then checked on its shingles (containment)
-LSH_THRESHOLD = 0.3
+NUM_PERM = 126
+# 42 bands of 3 values: a pair at Jaccard 0.3 shares a band with probability 0.68, at 0.5 with
+# 0.996, so a short text with an added line (Jaccard ~0.5) is found; every candidate is then
+# checked on its shingles (containment)
+BANDS, BAND_ROWS = 42, 3
 
 
 @dataclass
@@ -42,12 +46,25 @@ class DedupResult:
     stats: dict = field(default_factory=dict)
 
 
-def normalised_text_keys(texts) -> np.ndarray:
-    """The normalised text of each row (object array; None for a null text)."""
+def normalised_text_keys(texts, boilerplate_min_docs: int | None = None) -> np.ndarray:
+    """The normalised text of each row (lower case, whitespace collapsed; object array, None
+    for a null text). With ``boilerplate_min_docs``, lines that occur in at least that many
+    texts of the corpus (footers, headers, navigation: CCNet-style line deduplication) are
+    removed first, so a text with such a line added has the key of the text without it."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     arr = pa.array(texts, type=pa.large_string()) if not isinstance(texts, (pa.Array, pa.ChunkedArray)) else texts
+    if boilerplate_min_docs:
+        from collections import Counter
+
+        lines = [None if t is None else [" ".join(ln.lower().split()) for ln in t.splitlines()]
+                 for t in arr.to_pylist()]
+        counts = Counter(ln for doc in lines if doc for ln in set(doc) if ln)
+        common = {ln for ln, c in counts.items() if c >= boilerplate_min_docs}
+        if common:
+            arr = pa.array([None if doc is None else "\n".join(ln for ln in doc if ln not in common)
+                            for doc in lines], type=pa.large_string())
     norm = pc.utf8_trim_whitespace(pc.replace_substring_regex(pc.utf8_lower(arr), r"\s+", " "))
     return np.asarray(norm.to_pylist(), dtype=object)
 
@@ -59,31 +76,56 @@ def _shingles(text: str) -> set:
     return {" ".join(w[i:i + SHINGLE_WORDS]) for i in range(len(w) - SHINGLE_WORDS + 1)}
 
 
-def _fuzzy_pairs(keys: np.ndarray, rows: np.ndarray, containment: float, seed: int) -> list:
-    """(a, b, containment) for rows whose shingle sets are near-contained: MinHash-LSH
-    candidates (Jaccard >= LSH_THRESHOLD likely), verified on the shingles themselves."""
-    from datasketch import MinHash, MinHashLSH
+def _signatures(keys: np.ndarray, rows: np.ndarray, seed: int, chunk: int = 20_000):
+    """(rows with shingles, (m, NUM_PERM) uint32 MinHash signatures), computed by datasketch
+    a chunk of texts at a time and kept as one array (no per-text objects held)."""
+    from datasketch import MinHash
 
-    sets = {int(r): _shingles(keys[r]) for r in rows if keys[r]}
-    sets = {r: s for r, s in sets.items() if s}
-    if len(sets) < 2:
-        return []
-    order = list(sets)
-    hashes = MinHash.bulk([[s.encode() for s in sets[r]] for r in order], num_perm=NUM_PERM,
+    have, sigs = [], []
+    for s in range(0, rows.size, chunk):
+        part = [(int(r), _shingles(keys[r])) for r in rows[s:s + chunk] if keys[r]]
+        part = [(r, sh) for r, sh in part if sh]
+        if not part:
+            continue
+        hs = MinHash.bulk([[x.encode() for x in sh] for _, sh in part], num_perm=NUM_PERM,
                           seed=seed + 1)
-    lsh = MinHashLSH(threshold=LSH_THRESHOLD, num_perm=NUM_PERM)
-    with lsh.insertion_session() as session:
-        for r, h in zip(order, hashes):
-            session.insert(r, h, check_duplication=False)
+        sigs.append(np.stack([h.hashvalues for h in hs]).astype(np.uint32))
+        have += [r for r, _ in part]
+    if not have:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, NUM_PERM), dtype=np.uint32)
+    return np.asarray(have, dtype=np.int64), np.concatenate(sigs)
+
+
+def _fuzzy_pairs(keys: np.ndarray, rows: np.ndarray, rank: np.ndarray, containment: float,
+                 seed: int) -> list:
+    """(worse, better, containment): LSH bands of the MinHash signatures (BANDS bands of
+    BAND_ROWS values: pairs at Jaccard ~0.3 and up are likely to share a band) propose each
+    row's best-ranked band mate and the next better-ranked one; the pair is kept when the smaller text's shingles are
+    contained in the other's at >= ``containment``. Memory: the signatures, 4 bytes x
+    NUM_PERM per text."""
+    have, sig = _signatures(keys, rows, seed)
+    if have.size < 2:
+        return []
+    cand = set()
+    order = np.argsort(rank[have], kind="stable")  # best ranked first in every bucket
+    have, sig = have[order], sig[order]
+    for b in range(BANDS):
+        band = np.ascontiguousarray(sig[:, b * BAND_ROWS:(b + 1) * BAND_ROWS]).view(
+            np.dtype((np.void, 4 * BAND_ROWS))).ravel()
+        _, first, inv = np.unique(band, return_index=True, return_inverse=True)
+        head = first[inv]  # the best-ranked row with the same band (rows are in rank order)
+        m = head != np.arange(have.size)
+        cand.update(zip(have[m].tolist(), have[head[m]].tolist()))
+        # and the next better-ranked row of the same band (a chain through a large bucket)
+        o = np.argsort(inv, kind="stable")
+        same = inv[o[1:]] == inv[o[:-1]]
+        cand.update(zip(have[o[1:][same]].tolist(), have[o[:-1][same]].tolist()))
     out = []
-    for r, h in zip(order, hashes):
-        for o in lsh.query(h):
-            if o <= r:
-                continue
-            a, b = sets[r], sets[o]
-            c = len(a & b) / min(len(a), len(b))
-            if c >= containment:
-                out.append((r, int(o), c))
+    for worse, better in cand:
+        a, b = _shingles(keys[worse]), _shingles(keys[better])
+        c = len(a & b) / min(len(a), len(b))
+        if c >= containment:
+            out.append((worse, better, c))
     return out
 
 
@@ -114,6 +156,7 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
                 near: bool = True, threshold: float = DEFAULT_THRESHOLD,
                 containment: float = DEFAULT_CONTAINMENT,
                 rows_per_cluster: int = ROWS_PER_CLUSTER, probes: int = 2,
+                boilerplate_min_docs: int | None = BOILERPLATE_MIN_DOCS,
                 seed: int = 0) -> DedupResult:
     """Deduplicate the corpus given as concatenated arrays: embeddings ``x`` (N, d), quality,
     ids, each row's shard index and row number, and optionally its text (for exact
@@ -128,7 +171,8 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
     cosine = np.full(n, np.nan)
     stats = {"rows": n, "threshold": threshold, "exact": exact, "fuzzy": fuzzy,
              "containment": containment, "near": near}
-    keys = normalised_text_keys(texts) if texts is not None and (exact or fuzzy) else None
+    keys = (normalised_text_keys(texts, boilerplate_min_docs)
+            if texts is not None and (exact or fuzzy) else None)
 
     if exact and keys is not None:
         valid = np.array([k is not None and k != "" for k in keys])
@@ -150,11 +194,10 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
 
     if fuzzy and keys is not None:
         alive = np.flatnonzero(dup_of < 0)
-        pairs = _fuzzy_pairs(keys, alive, containment, seed)
+        pairs = _fuzzy_pairs(keys, alive, rank, containment, seed)
         # every pair's worse-ranked row is a duplicate of its better-ranked one
         best_c = {}
-        for a, b, c in pairs:
-            lo, hi = (a, b) if rank[a] < rank[b] else (b, a)
+        for hi, lo, c in pairs:
             if c > best_c.get(hi, (None, -1.0))[1]:
                 best_c[hi] = (lo, c)
         for r, (o, c) in best_c.items():
