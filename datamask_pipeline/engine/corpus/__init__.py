@@ -1,11 +1,22 @@
 """The corpus stage: one budget and one objective over every shard (docs/method.md#corpus-level).
 
-:func:`select_corpus` is the entry; :class:`CorpusBudget` the budget; the exchange rounds and
-the sufficient statistics they share live in their own modules.
+:func:`select_corpus` is the entry; :class:`CorpusBudget` the budget; deduplication, the
+exchange rounds and the sufficient statistics they share live in their own modules. Names are
+imported on first use, so that loading the Dagster definitions does not import torch.
 """
 
-from .budget import CorpusBudget, allocate, fit_tokens
-from .select import GATHER_MAX_ROWS, MODES, CorpusSelection, CorpusShard, block_of, select_corpus
+import importlib
 
-__all__ = ["CorpusBudget", "CorpusSelection", "CorpusShard", "GATHER_MAX_ROWS", "MODES",
-           "allocate", "block_of", "fit_tokens", "select_corpus"]
+_WHERE = {
+    "CorpusBudget": ".budget", "allocate": ".budget", "fit_tokens": ".budget",
+    "CorpusSelection": ".select", "CorpusShard": ".select", "GATHER_MAX_ROWS": ".select",
+    "MODES": ".select", "block_of": ".select", "select_corpus": ".select",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
