@@ -21,7 +21,8 @@ README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 
 
 def _drop_quality(t):
-    return t.drop_columns(["quality_score"]), "quality_score", C.PRESENT.name
+    # without a text column too: a text would have its quality scored (engine.quality)
+    return t.drop_columns(["quality_score", "text"]), "quality_score", C.PRESENT.name
 
 
 def _string_quality(t):

@@ -197,7 +197,8 @@ def missing_id(t):
 
 
 def renamed_quality(t):
-    return t.rename_columns(["chunk_id", "quality", "feature_arr", "text", "source"])
+    # without the text: a text column would have its quality scored (engine.quality)
+    return t.rename_columns(["chunk_id", "quality", "feature_arr", "text", "source"]).drop_columns(["text"])
 
 
 def missing_embedding(t):
