@@ -119,3 +119,20 @@ def test_readme_dedup_table_is_the_committed_run():
 
     assert r["threshold"] == DEFAULT_THRESHOLD == 0.98 and r["containment"] == DEFAULT_CONTAINMENT
     assert "threshold` (**0.98**)" in readme and "`containment` (0.8)" in readme
+
+
+def test_readme_quality_numbers_are_the_committed_run():
+    """The default quality scorer's AUCs and throughput in the README are bench.quality's."""
+    import json
+
+    readme = (REPO / "README.md").read_text()
+    r = json.loads((REPO / "bench" / "results" / "results_quality.json").read_text())
+    auc = {s: r["sources"][s]["auc"]["combination:mean"] for s in r["sources"]}
+    assert f"{auc['docstrings']['all']:.3f} (docstrings)" in readme
+    assert f"{auc['reference']['all']:.3f} (reference manual)" in readme
+    assert f"**{auc['man_pages']['all']:.3f}\non the held-out man pages** ({auc['man_pages']['mixed']:.3f}" in readme
+    assert f"**{r['throughput']['docs_per_s_per_core']:,.0f} documents/s per core**" in readme
+    from datamask_pipeline.engine import quality
+
+    assert r["default"]["combination"] == "mean"
+    assert list(r["default"]["signals"]) == list(quality.DEFAULT_SIGNALS)
