@@ -223,3 +223,18 @@ def torch_threads(n: int | None):
         yield
     finally:
         torch.set_num_threads(old)
+
+
+def write_report(out_dir: str, tag: str | None, results: dict, markdown: str) -> None:
+    """``results_<tag>.json`` and ``REPORT_<tag>.md`` (with the command) under ``out_dir``;
+    nothing without a tag."""
+    import json
+    import os
+
+    if not tag:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"results_{tag}.json"), "w") as fh:
+        json.dump(results, fh, indent=1, default=float)
+    with open(os.path.join(out_dir, f"REPORT_{tag}.md"), "w") as fh:
+        fh.write(f"# {tag}\n\nCommand: `{results['command']}`\n\n{markdown}\n")

@@ -25,25 +25,11 @@ import time
 
 import numpy as np
 
-from bench.common import cpu_model
+from bench.common import cpu_model, write_report
+from datamask_pipeline.engine.corpus.select import Part
 
 CUTS = ("by_source", "random_blocks", "sorted_by_quality")
 MODES = ("gather", "exchange", "per_shard", "random_blocks")
-
-
-class Part:
-    """A shard in memory (what ``CorpusShard.load`` returns)."""
-
-    def __init__(self, x, q, ids):
-        self.embeddings, self.quality, self.ids = x, q, ids
-
-    @property
-    def n(self):
-        return int(self.embeddings.shape[0])
-
-    @property
-    def d(self):
-        return int(self.embeddings.shape[1])
 
 
 def make_cuts(q: np.ndarray, source: np.ndarray, n_files: int, seed: int = 0) -> dict:
@@ -327,12 +313,7 @@ def main(argv=None) -> int:
 
     r["command"] = "python -m bench.corpus " + " ".join(sys.argv[1:] if argv is None else argv)
     print(md)
-    if a.tag:
-        os.makedirs(a.out, exist_ok=True)
-        with open(os.path.join(a.out, f"results_{a.tag}.json"), "w") as fh:
-            json.dump(r, fh, indent=1, default=float)
-        with open(os.path.join(a.out, f"REPORT_{a.tag}.md"), "w") as fh:
-            fh.write(f"# {a.tag}\n\nCommand: `{r['command']}`\n\n{md}\n")
+    write_report(a.out, a.tag, r, md)
     return 0
 
 

@@ -17,15 +17,13 @@ footer or a cosine >= the threshold: checked independently) per kind::
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import resource
 import sys
 import time
 
 import numpy as np
 
-from bench.common import cpu_model
+from bench.common import cpu_model, write_report
 
 FOOTER = "Shared from our weekly newsletter: subscribe for more articles like this one."
 
@@ -208,12 +206,7 @@ def main(argv=None) -> int:
         md = scale_markdown(r)
     r["command"] = "python -m bench.dedup " + " ".join(sys.argv[1:] if argv is None else argv)
     print(md)
-    if args.tag:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"results_{args.tag}.json"), "w") as fh:
-            json.dump(r, fh, indent=1, default=float)
-        with open(os.path.join(args.out, f"REPORT_{args.tag}.md"), "w") as fh:
-            fh.write(f"# {args.tag}\n\nCommand: `{r['command']}`\n\n{md}\n")
+    write_report(args.out, args.tag, r, md)
     return 0
 
 

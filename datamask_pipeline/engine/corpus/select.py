@@ -63,7 +63,7 @@ class CorpusShard:
         return CorpusShard(
             key=self.key, n=int(keep.sum()), version=self.version,
             tokens=None if self.tokens is None else np.asarray(self.tokens)[keep],
-            load=lambda: _Part(*(np.asarray(a)[keep] for a in _arrays(load()))))
+            load=lambda: Part(*(np.asarray(a)[keep] for a in _arrays(load()))))
 
 
 @dataclass
@@ -475,7 +475,7 @@ def _random_blocks(shards, loaded, k, cfg, dev, mem_budget, n_blocks, log):
         rows = np.flatnonzero(block == b)  # positions in id order
         if rows.size == 0:
             continue
-        part = _Part(g.embeddings[rows], g.quality[rows], rows)
+        part = Part(g.embeddings[rows], g.quality[rows], rows)
         sel, r = _select_part(part, int(alloc[b]), cfg, dev, mem_budget)
         picked.append(g.order[rows[sel]])
         routes[f"block_{b:03d}"] = r
@@ -485,7 +485,9 @@ def _random_blocks(shards, loaded, k, cfg, dev, mem_budget, n_blocks, log):
 
 
 @dataclass
-class _Part:
+class Part:
+    """A shard's arrays in memory (what a ``CorpusShard.load`` may return)."""
+
     embeddings: np.ndarray
     quality: np.ndarray
     ids: np.ndarray
