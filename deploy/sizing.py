@@ -535,6 +535,33 @@ def corpus_stage_table(pattern: str | None = None, shards: int = 25_000,
     return "\n".join(lines)
 
 
+DEDUP_SCALE = REPO / "bench" / "results" / "results_dedup_scale.json"
+# how each kind's work grows with N (rows), at a fixed cluster size for "near"
+DEDUP_GROWTH = {"exact": "N (hash, then group by key)", "fuzzy": "N (signatures; group by band)",
+                "near": "N·C·d to assign N rows to C = N/1,000 centroids, N·1,000·d inside clusters"}
+
+
+def dedup_table(path=None, corpora=(1e8, 1e9)) -> str:
+    """The measured 10^6-row deduplication per kind, and its core-hours at ``corpora`` rows:
+    linear for exact and fuzzy, and for near with the centroid count held at the measured
+    run's (what a two-level clustering keeps; the one-level k-means of this repository grows
+    as N^2)."""
+    p = Path(path or DEDUP_SCALE)
+    if not p.exists():
+        return "not measured (no results_dedup_scale.json in bench/results)"
+    r = json.loads(p.read_text())
+    n = r["rows"]
+    head = " | ".join(f"core-hours at {c:.0e} rows" for c in corpora)
+    lines = [f"| kind | seconds at {n:,} rows × {r['dim']} | grows as | {head} |",
+             "|---|---:|---|" + "---:|" * len(corpora)]
+    for kind, k in r["kinds"].items():
+        cells = " | ".join(f"{k['seconds'] * c / n / 3600:,.1f}" for c in corpora)
+        lines.append(f"| {kind} | {k['seconds']:.0f} | {DEDUP_GROWTH.get(kind, '?')} | {cells} |")
+    lines.append(f"| (process peak RSS, corpus in memory) | {r['kinds']['near']['peak_rss_bytes'] / GIB:.2f} GiB | | "
+                 + " | ".join("—" for _ in corpora) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=float, help="corpus rows N (e.g. 2e10)")
@@ -588,6 +615,8 @@ def main(argv=None) -> int:
     print(embed_table())
     print("\n## The corpus stage\n")
     print(corpus_stage_table())
+    print("\n## Deduplication\n")
+    print(dedup_table())
     return 0
 
 

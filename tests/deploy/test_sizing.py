@@ -179,6 +179,7 @@ def test_sizing_md_shows_what_the_script_prints(sizing):
     assert sizing.large_shard_table() in doc
     assert sizing.embed_table() in doc
     assert sizing.corpus_stage_table() in doc
+    assert sizing.dedup_table() in doc
     assert sizing.rates_table(sizing.load_bench_rates()) in doc
 
 
@@ -222,3 +223,15 @@ def test_corpus_stage_table_scales_the_measured_run(sizing, tmp_path):
     assert row.startswith("| sorted_by_quality, Pair_simi | 10,000,000 × 256 | 10.0 | 4.0 | 3 | 6 |")
     assert "| 80 per side |" in row and "4,000,000 rows" in row and row.endswith("| 100 s |")
     assert "not measured" in sizing.corpus_stage_table(str(tmp_path / "none*.json"))
+
+
+def test_dedup_table_scales_the_measured_run(sizing, tmp_path):
+    p = tmp_path / "d.json"
+    p.write_text(json.dumps({"rows": 1_000_000, "dim": 256, "kinds": {
+        "exact": {"seconds": 36.0, "peak_rss_bytes": 2 * sizing.GIB},
+        "near": {"seconds": 72.0, "peak_rss_bytes": 3 * sizing.GIB}}}))
+    table = sizing.dedup_table(p, corpora=(1e8,))
+    # 36 s per 10^6 rows -> 3,600 s per 10^8 = 1 core-hour
+    assert "| exact | 36 | N (hash, then group by key) | 1.0 |" in table
+    assert "| near | 72 |" in table and "| 2.0 |" in table and "3.00 GiB" in table
+    assert "not measured" in sizing.dedup_table(tmp_path / "none.json")
