@@ -264,7 +264,7 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
     out_uri = data_root.features(key)
     columns = contract.columns()
     # an impossible mask config fails the run here, its first step, before anything is written
-    from .learn import check_run_mask_config
+    from .mask_config import check_run_mask_config
 
     run_config = context.run.run_config
     if (((run_config or {}).get("ops") or {}).get("mask") or {}).get("config") is not None:

@@ -24,16 +24,9 @@ import time
 
 import dagster as dg
 import numpy as np
-from pydantic import Field, ValidationError, create_model
 
-from datamask_pipeline import settings
 from datamask_pipeline.engine import storage
-from datamask_pipeline.engine.config import (
-    ConfigError,
-    LearnerConfig,
-    describe_validation_error,
-    knob_constraints,
-)
+from datamask_pipeline.engine.config import ConfigError, LearnerConfig
 from datamask_pipeline.engine.data import Columns, DataContractError
 from datamask_pipeline.engine.storage import mask_file
 from datamask_pipeline.k8s import GPU_POOL, gpu_op_tags
@@ -42,65 +35,17 @@ from resources.learner import MaskLearner
 from resources.storage import DataRoot
 
 from .ingest import EMBEDDING, GROUP, ID, OWNERS, QUALITY, features, stage
+from .mask_config import (  # noqa: F401 - MaskConfig & co. are imported from here too
+    InvalidMaskConfig,
+    MaskConfig,
+    check_run_mask_config,
+    default_knobs_hash,
+    scheduled_config_hash,
+)
 from .partitions import shards
 
 CODE_VERSION = "mask-2"
 CURVE_ROWS = 12
-
-class InvalidMaskConfig(dg.Failure, ValueError):
-    """An impossible value of a mask knob: a ValueError where Python builds the config
-    (``MaskConfig(select_ratio=1.5)`` before a launch), a Dagster ``Failure`` with one readable
-    line and no retries where a step does (the message names the knob and its range)."""
-
-    def __init__(self, message: str):
-        super().__init__(description=message, allow_retries=False)
-
-
-class _MaskConfigBase(dg.Config):
-    def __init__(self, **data):
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise InvalidMaskConfig(
-                f"invalid mask configuration: {describe_validation_error(exc)}") from None
-
-    def learner_config(self) -> LearnerConfig:
-        """The engine's config (raises ConfigError naming the knob for an impossible value)."""
-        return LearnerConfig(**{f: getattr(self, f) for f in LearnerConfig.model_fields})
-
-
-def _mask_config_class():
-    """``MaskConfig``: every field of the engine's LearnerConfig (type, description), with the
-    ``pipeline`` profile's values as defaults (constants: the environment is not read; the
-    other presets are jobs with their run config filled in, ``datamask_pipeline/jobs.py``).
-    Each field carries the knob's range (pydantic constraints), so an impossible value is
-    refused where the config is built: in Python before a launch, in the run's first step
-    (:func:`check_run_mask_config`) for config given as JSON or in the Launchpad."""
-    defaults = settings.learner_defaults("pipeline")
-    fields = {name: (info.annotation, Field(default=defaults[name], description=info.description,
-                                            **knob_constraints(name)))
-              for name, info in LearnerConfig.model_fields.items()}
-    return create_model("MaskConfig", __base__=_MaskConfigBase,
-                        __doc__="The method's knobs (names follow upstream's train_mask.py flags).",
-                        **fields)
-
-
-MaskConfig = _mask_config_class()
-
-
-def scheduled_config_hash() -> str:
-    """The config hash of a run launched with the default config (automation, backfills)."""
-    return MaskConfig().learner_config().config_hash()
-
-
-def default_knobs_hash() -> str:
-    """SHA-256 (12 hex digits) of MaskConfig's default knobs, without building the engine's
-    config (which would import torch when the definitions load)."""
-    import hashlib
-
-    blob = json.dumps(MaskConfig().model_dump(), sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:12]
-
 
 # The logic's version plus the default knobs' hash (see the module doc).
 MASK_CODE_VERSION = f"{CODE_VERSION}+cfg-{default_knobs_hash()}"
@@ -146,23 +91,6 @@ def _fail(key: str, exc: Exception, what: str) -> dg.Failure:
     """A readable failure without retries; raised ``from None`` where the description already
     says everything, so the cause's line and stack trace are not printed a second time."""
     return dg.Failure(description=f"partition {key!r}: {what}: {exc}", allow_retries=False)
-
-
-def check_run_mask_config(run_config: dict | None, key: str, rows: int | None = None) -> None:
-    """Refuse a run whose ``mask`` config is impossible, before any work: the knobs' ranges
-    and names (MaskConfig, then the engine's LearnerConfig) and, given the shard's ``rows``,
-    the sizes (k, pool, batch). Raises a ``Failure`` with one line naming the knob. A run
-    without mask config (the defaults) passes."""
-    raw = (((run_config or {}).get("ops") or {}).get("mask") or {}).get("config")
-    if raw is None:
-        return
-    cfg = MaskConfig(**raw)  # InvalidMaskConfig (a Failure) for a value out of its range
-    try:
-        learner = cfg.learner_config()
-        if rows is not None:
-            learner.validate(rows)
-    except ConfigError as exc:
-        raise InvalidMaskConfig(f"partition {key!r}: invalid mask configuration: {exc}") from None
 
 
 def valid_config(config: MaskConfig, key: str) -> LearnerConfig:
