@@ -175,7 +175,8 @@ def main(argv=None) -> int:
     keys = sorted(scan_raw(raw).shards)
     job = defs.resolve_job_def(PRESET_JOBS[args.preset].name)
     print(f"DAGSTER_HOME={home}; {len(keys)} partition(s) ({len(reg['added'])} newly registered); "
-          f"preset {args.preset} ({job.name}), device {args.device}")
+          f"preset {args.preset} ({job.name if args.per_shard_chain else 'features_job, then corpus_job'}), "
+          f"device {args.device}")
 
     quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # no DEBUG event lines
     if not args.per_shard_chain:

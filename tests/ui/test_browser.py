@@ -68,7 +68,7 @@ TIMEOUT_MS = 30_000
 # The asset graph draws node details (checks, partitions) only at zoom >= 0.6; the layout of
 # the five assets fits at that zoom in a viewport this wide once the navigation and the
 # asset sidebar are hidden.
-GRAPH_VIEWPORT = {"width": 2000, "height": 1300}
+GRAPH_VIEWPORT = {"width": 2400, "height": 2000}
 PAGE_VIEWPORT = {"width": 1600, "height": 1000}
 
 
