@@ -62,6 +62,10 @@ CorpusConfig = create_model(
     exchange_candidates=(int, Field(default=4096, description=(
         "exchange: candidates per shard and round (each way)."))),
     exchange_max_rounds=(int, Field(default=50, description="exchange: most rounds.")),
+    warm_start=(bool, Field(default=True, description=(
+        "exchange: start from the last selection (same knobs and budget) for the shards whose "
+        "features did not change, instead of selecting every shard again; new and rewritten "
+        "shards' rows enter through the gains and the rounds."))),
 )
 
 
@@ -305,6 +309,27 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
     }, data_version=dg.DataVersion(storage.sha256(out)[:16]))
 
 
+def last_selection(data_root: DataRoot, shards_: list, cfg, budget) -> dict | None:
+    """{shard: selected rows} of the last corpus selection, for the shards whose features are
+    unchanged since, when it was made with the same knobs and budget; None otherwise."""
+    facts_uri = storage.join(data_root.corpus_dir(), "selection.json")
+    sel_uri = storage.join(data_root.corpus_dir(), "selection.parquet")
+    if not (storage.exists(facts_uri) and storage.exists(sel_uri)):
+        return None
+    facts = json.loads(_read_bytes(facts_uri))
+    if (facts.get("config_hash") != cfg.config_hash()
+            or facts.get("budget") != {"kind": budget.kind, "value": budget.value}):
+        return None
+    versions = facts.get("versions", {})
+    same = {s.key for s in shards_ if versions.get(s.key) == s.version}
+    fs, path = storage.resolve(sel_uri)
+    with fs.open_input_file(path) as fh:
+        t = pq.read_table(fh, columns=["partition_key", "row"])
+    keys = t.column("partition_key").to_numpy(zero_copy_only=False)
+    rows = t.column("row").to_numpy()
+    return {k: rows[keys == k] for k in same}
+
+
 def dedup_keep(data_root: DataRoot, shards_: list) -> tuple:
     """Each shard's keep mask from ``corpus/duplicates.parquet`` (None where no row is
     dropped), and the dedup facts; fails when the dedup is older than a shard's features."""
@@ -363,12 +388,13 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
         # a killed or retried run resumes from the per-shard and per-round checkpoints
         ckpt = storage.join(data_root.root, "checkpoints", "corpus")
         ckpt = storage.resolve(ckpt)[1] if storage.is_local(ckpt) else None
+        warm = last_selection(data_root, shards_, cfg, budget) if config.warm_start else None
         with learner.session() as device:
             result = select_corpus(
                 shards_, cfg, budget, mode=config.mode, device=device,
                 gather_max_rows=config.gather_max_rows, blocks=config.blocks,
                 candidates=config.exchange_candidates, max_rounds=config.exchange_max_rounds,
-                checkpoint_dir=ckpt, log=context.log.info)
+                checkpoint_dir=ckpt, warm_start=warm, log=context.log.info)
     except (ConfigError, DataContractError, ValueError) as exc:
         raise dg.Failure(description=f"corpus_selection: {exc}", allow_retries=False) from exc
 
@@ -382,6 +408,8 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
                                                   "exact_dropped", "fuzzy_dropped", "near_dropped",
                                                   "rows")}
     summary["sizes"] = {s.key: s.n for s in shards_}  # input rows of each shard
+    summary["versions"] = {s.key: s.version for s in shards_}
+    summary["config_hash"] = cfg.config_hash()
     storage.atomic_write_bytes(storage.join(data_root.corpus_dir(), "selection.json"),
                                json.dumps(summary, indent=1, default=float).encode())
     sizes = {s.key: s.n for s in shards_}

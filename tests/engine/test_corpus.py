@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from bench.corpus import Part, gap_closed, make_cuts
+from bench.corpus import gap_closed, make_cuts
 from datamask_pipeline.engine.baselines import greedy, quality_topk
 from datamask_pipeline.engine.config import ConfigError, LearnerConfig
-from datamask_pipeline.engine.corpus import (CorpusBudget, CorpusShard, allocate, block_of,
-                                             fit_tokens, select_corpus)
+from datamask_pipeline.engine.corpus import (CorpusBudget, CorpusShard, Part, allocate,
+                                             block_of, fit_tokens, select_corpus)
 from datamask_pipeline.engine.corpus.stats import stats_for
 from datamask_pipeline.engine.data import table_to_shard
 from datamask_pipeline.engine.evaluate import make_ground_set
@@ -366,3 +366,31 @@ def test_token_counts_with_a_named_tokenizer():
     assert sub[1] == sub[2] == 0 and sub[0] >= 9 and sub[3] >= 2  # subwords: a long word splits
     with pytest.raises(ConfigError, match="tokenizer='gpt9'"):
         count_tokens(texts, "gpt9")
+
+
+def test_warm_start_takes_a_new_shard_without_selecting_the_others_again():
+    x, q, ids, source = _corpus(3000, 32)
+    files = make_cuts(q, source, 4)["random_blocks"]
+    cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi")
+    old = select_corpus(_shards(x, q, ids, files[:3]), cfg, CorpusBudget("fraction", 0.1),
+                        mode="exchange")
+    reads = []
+
+    def counted(r):
+        reads.append(len(r))
+        return Part(x[r], q[r], ids[r])
+
+    shards = [CorpusShard(key=f"f{i:02d}", n=len(r), load=lambda r=r: counted(r))
+              for i, r in enumerate(files)]
+    log = []
+    new = select_corpus(shards, cfg, CorpusBudget("fraction", 0.1), mode="exchange",
+                        warm_start=old.selected, log=log.append)
+    cold = select_corpus(_shards(x, q, ids, files), cfg, CorpusBudget("fraction", 0.1),
+                         mode="exchange")
+    assert new.k == 300 and "warm start" in new.route
+    assert any("start made 300 rows (75 added" in m for m in log)
+    assert not any("(topk+polish)" in m for m in log)  # no shard was selected again
+    assert new.counts["f03"] > 0  # the new shard's rows entered through the gains and swaps
+    assert new.scores["selection"]["f"] >= cold.scores["selection"]["f"] - 1e-4
+    kept = sum(np.intersect1d(old.selected[k], new.selected[k]).size for k in old.selected)
+    assert kept >= 0.7 * 225  # most of the last selection stays

@@ -237,3 +237,27 @@ def test_a_corpus_of_duplicates_fails_readably(instance, data_root, resources):
     assert not r.success
     msg = [e for e in r.all_events if e.is_step_failure][0].step_failure_data.error.message
     assert "remain after deduplication" in msg and "60" in msg
+
+
+def test_exchange_takes_a_new_shard_from_the_last_selection(instance, corpus, data_root,
+                                                            resources):
+    register_shards(instance, data_root.raw_root)
+    for key in KEYS:
+        _features(instance, resources, key)
+    first = _corpus(instance, resources, select_ratio=0.1, mode="exchange")
+    assert "warm start" not in _meta(first, "corpus_selection")["route"].value
+    # a new shard arrives: the next selection starts from the last one (no shard selected
+    # again), the new shard's rows enter through the gains, the budget holds
+    from datamask_pipeline.engine.sample import make_table
+
+    pq.write_table(make_table(ROWS, dim=16, seed=3, id_offset=90_000, row_seed=9),
+                   os.path.join(data_root.raw_root, "shard_new.parquet"))
+    register_shards(instance, data_root.raw_root)
+    _features(instance, resources, "shard_new")
+    second = _corpus(instance, resources, select_ratio=0.1, mode="exchange")
+    meta = _meta(second, "corpus_selection")
+    assert "warm start" in meta["route"].value
+    assert meta["rows_selected"].value == round(0.1 * 4 * ROWS)
+    # knobs changed: no warm start
+    third = _corpus(instance, resources, select_ratio=0.1, mode="exchange", lamb=0.3)
+    assert "warm start" not in _meta(third, "corpus_selection")["route"].value

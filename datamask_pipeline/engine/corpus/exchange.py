@@ -50,6 +50,45 @@ def _shard_candidates(stats, grad, x, q, sel, m):
     return non, mem
 
 
+def fit_count(shards: list, selected: list, stats: SelectionStats, k: int) -> tuple[list, dict]:
+    """A start of any size made k rows: the members of lowest linearised gain leave, or the
+    non-members of highest gain enter, across all shards (one pass over each shard). Returns
+    the masks and what moved."""
+    sel = [np.asarray(s, dtype=bool).copy() for s in selected]
+    have = sum(int(s.sum()) for s in sel)
+    if have == k:
+        return sel, {"added": 0, "removed": 0}
+    parts = stats.zero()
+    for (x, q), s in zip(shards, sel):
+        for c in range(0, s.size, _CHUNK_ROWS):
+            m = s[c:c + _CHUNK_ROWS]
+            if m.any():
+                parts = stats.add(parts, stats.rows(np.asarray(x[c:c + m.size])[m]),
+                                  q[c:c + m.size][m])
+    # the gradient at the start (a size of at least 2 keeps the statistics defined)
+    grad = stats.gradient(parts, max(have, 2))
+    need = abs(k - have)
+    best_rows, best_gain = [], []
+    for si, ((x, q), s) in enumerate(zip(shards, sel)):
+        n = x.shape[0]
+        a = np.empty(n, dtype=np.float64)
+        for c in range(0, n, _CHUNK_ROWS):
+            e = min(n, c + _CHUNK_ROWS)
+            a[c:e] = stats.gains(grad, stats.rows(x[c:e]), q[c:e])
+        pool = np.flatnonzero(~s if k > have else s)
+        key = -a[pool] if k > have else a[pool]
+        if pool.size > need:
+            pool = pool[np.argpartition(key, need - 1)[:need]]
+        best_rows += [(si, int(r)) for r in pool]
+        best_gain.append(a[pool])
+    gains = np.concatenate(best_gain) if best_gain else np.zeros(0)
+    order = np.argsort(-gains if k > have else gains, kind="stable")[:need]
+    for j in order:
+        si, r = best_rows[j]
+        sel[si][r] = k > have
+    return sel, {"added": need if k > have else 0, "removed": need if k < have else 0}
+
+
 def exchange_rounds(
     shards: list,
     selected: list,

@@ -262,6 +262,7 @@ def select_corpus(
     workdir: str | None = None,
     checkpoint_dir: str | None = None,
     budget_of_input: bool = True,
+    warm_start: dict | None = None,
     log: Callable = lambda msg: None,
 ) -> CorpusSelection:
     """Select ``budget`` of the corpus made of ``shards`` (:class:`CorpusShard`) for ``cfg``'s
@@ -274,7 +275,12 @@ def select_corpus(
     killed run resumes where it stopped; the checkpoints are removed when it finishes.
 
     Rows outside a shard's ``keep`` mask (duplicates) are never selected; a fraction budget is
-    of the input rows (``budget_of_input``, default) or of the kept rows."""
+    of the input rows (``budget_of_input``, default) or of the kept rows.
+
+    ``warm_start`` ({shard key: selected rows}, e.g. the last selection of the shards that did
+    not change) starts ``exchange`` there instead of selecting every shard again: the start is
+    made k rows by the linearised gains (new shards' rows enter, removed ones' leave), then the
+    rounds run. Other modes ignore it."""
     from ..device import resolve_device
 
     t_start = time.perf_counter()
@@ -374,6 +380,25 @@ def select_corpus(
             glob, route, shard_routes = _random_blocks(shards, loaded, k, cfg, dev, mem_budget,
                                                        blocks or len(shards), log)
             priority = None
+        elif chosen == "exchange" and warm_start is not None:
+            per = []
+            for i, s in enumerate(shards):
+                rows = np.asarray(warm_start.get(s.key, []), dtype=np.int64)
+                if maps[i] is not None and rows.size:  # to the kept rows' numbering
+                    pos = np.searchsorted(maps[i], rows)
+                    ok = (pos < maps[i].size) & (maps[i][np.minimum(pos, maps[i].size - 1)] == rows)
+                    rows = pos[ok]
+                per.append(rows[(rows >= 0) & (rows < s.n)])
+            warm = int(sum(r.size for r in per))
+            log(f"corpus: warm start from {warm:,} rows of the last selection "
+                f"({sum(1 for s in shards if s.key in warm_start)} of {len(shards)} shards)")
+            notes.append(f"warm start: {warm:,} rows of the last selection; no shard selected "
+                         "again")
+            timings["shards_s"] = time.perf_counter() - t0
+            glob, priority, rounds, converged = _exchange(
+                shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
+                log, spill=not keep, workdir=workdir, ckpt=ckpt, fit=True)
+            route = "exchange rounds from the last selection (warm start)"
         else:
             alloc = allocate([s.n for s in shards], k)
             per = []
@@ -540,11 +565,11 @@ class _DiskRows:
 
 
 def _exchange(shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
-              log, *, spill: bool, workdir: str | None, ckpt=None):
+              log, *, spill: bool, workdir: str | None, ckpt=None, fit: bool = False):
     import shutil
     import tempfile
 
-    from .exchange import exchange_rounds
+    from .exchange import exchange_rounds, fit_count
 
     tmp = None
     data, sel, st = [], [], None
@@ -570,6 +595,10 @@ def _exchange(shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s
             if on_round is not None:
                 on_round(info)
 
+        if fit:
+            sel, moved = fit_count(data, sel, st, k)
+            log(f"corpus: start made {k:,} rows ({moved['added']:,} added, "
+                f"{moved['removed']:,} removed by their gains)")
         resume = ckpt.load_round() if ckpt is not None else None
         if resume is not None:
             log(f"corpus: resuming the exchange after round {resume[0]} (checkpoint of an "
