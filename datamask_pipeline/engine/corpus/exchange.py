@@ -50,6 +50,18 @@ def _shard_candidates(stats, grad, x, q, sel, m):
     return non, mem
 
 
+def _statistics(shards: list, sel: list, stats: SelectionStats) -> dict:
+    """The statistics of the selection ``sel`` (per-shard masks), one chunk at a time."""
+    parts = stats.zero()
+    for (x, q), s in zip(shards, sel):
+        for c in range(0, s.size, _CHUNK_ROWS):
+            m = s[c:c + _CHUNK_ROWS]
+            if m.any():
+                parts = stats.add(parts, stats.rows(np.asarray(x[c:c + m.size])[m]),
+                                  q[c:c + m.size][m])
+    return parts
+
+
 def fit_count(shards: list, selected: list, stats: SelectionStats, k: int) -> tuple[list, dict]:
     """A start of any size made k rows: the members of lowest linearised gain leave, or the
     non-members of highest gain enter, across all shards (one pass over each shard). Returns
@@ -58,13 +70,7 @@ def fit_count(shards: list, selected: list, stats: SelectionStats, k: int) -> tu
     have = sum(int(s.sum()) for s in sel)
     if have == k:
         return sel, {"added": 0, "removed": 0}
-    parts = stats.zero()
-    for (x, q), s in zip(shards, sel):
-        for c in range(0, s.size, _CHUNK_ROWS):
-            m = s[c:c + _CHUNK_ROWS]
-            if m.any():
-                parts = stats.add(parts, stats.rows(np.asarray(x[c:c + m.size])[m]),
-                                  q[c:c + m.size][m])
+    parts = _statistics(shards, sel, stats)
     # the gradient at the start (a size of at least 2 keeps the statistics defined)
     grad = stats.gradient(parts, max(have, 2))
     need = abs(k - have)
@@ -118,13 +124,7 @@ def exchange_rounds(
     sel = [np.asarray(s, dtype=bool).copy() for s in selected]
     if sum(int(s.sum()) for s in sel) != k:
         raise ValueError("exchange: the start does not hold k rows")
-    parts = stats.zero()
-    for (x, q), s in zip(shards, sel):
-        for c in range(0, s.size, _CHUNK_ROWS):
-            m = s[c:c + _CHUNK_ROWS]
-            if m.any():
-                parts = stats.add(parts, stats.rows(np.asarray(x[c:c + m.size])[m]),
-                                  q[c:c + m.size][m])
+    parts = _statistics(shards, sel, stats)
     f_now = stats.f(parts, k)["f"]
     out = ExchangeResult(selected=sel, rounds=list(done_log))
     # a round that swaps most of its candidate pairs is limited by them: the next round sends
