@@ -385,6 +385,87 @@ def _text_digest(arr: pa.Array) -> tuple[bytes, memoryview]:
     return np.diff(offsets).astype("<i8").tobytes(), body
 
 
+@dataclass
+class TextChunk:
+    """One checked chunk of a shard's text column: its texts, ids (or None), the rows before it,
+    and its checkpoint file (``<dir>/chunk-<index>-<text hash>.npz``) and whether that exists."""
+
+    index: int
+    texts: pa.Array
+    ids: object
+    start: int
+    uri: str
+    cached: bool
+
+
+class TextChunks:
+    """A raw shard's text column read in chunks of ``chunk_rows`` rows, each checked against
+    the contract's text rules (naming the rows by ``id_column``, else by row number) and named
+    by a hash of its text under ``chunk_dir``: what the embeddings and the quality scores are
+    checkpointed by. After iterating, ``text_sha256`` is the hash of the whole column.
+    Use as a context manager (the file is closed on exit)."""
+
+    def __init__(self, raw_uri, text_column: str, chunk_rows: int, chunk_dir,
+                 id_column: str | None = None):
+        if chunk_rows < 1:
+            raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        self.path, self.column, self.id_column = str(raw_uri), text_column, id_column
+        self.chunk_rows, self.dir = chunk_rows, chunk_dir
+        try:
+            fs, p = storage.resolve(raw_uri)
+            self._src = fs.open_input_file(p)
+            self._pf = pq.ParquetFile(self._src, buffer_size=1 << 20, pre_buffer=False)
+        except FileNotFoundError as exc:
+            raise storage.StorageError(f"{raw_uri}: raw shard does not exist") from exc
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise DataContractError(self.path, C.READABLE.name, detail=str(exc)) from exc
+        try:
+            names = self._pf.schema_arrow.names
+            if text_column not in names:
+                raise DataContractError(self.path, C.PRESENT.name, column=text_column,
+                                        detail=C.PRESENT.detail.format(names=names))
+            t = self._pf.schema_arrow.field(text_column).type
+            if C.TEXT_TYPE.arrow(t):
+                raise DataContractError(self.path, C.TEXT_TYPE.name, column=text_column,
+                                        detail=C.TEXT_TYPE.detail.format(type=t))
+        except BaseException:
+            self._src.close()
+            raise
+        self.total = self._pf.metadata.num_rows
+        self.n_chunks = math.ceil(self.total / chunk_rows)
+        self._h_len, self._h_text = hashlib.sha256(), hashlib.sha256()
+
+    def __enter__(self) -> "TextChunks":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._src.close()
+
+    def __iter__(self) -> Iterator[TextChunk]:
+        storage.makedirs(self.dir)
+        existing = {u.rsplit("/", 1)[-1] for u in storage.list_files(self.dir, suffix=".npz")}
+        idc = self.id_column
+        cols = [self.column] + ([idc] if idc and idc != self.column else [])
+        batches = self._pf.iter_batches(batch_size=min(self.chunk_rows, 65536), columns=cols,
+                                        use_threads=False)
+        done = 0
+        for i, batch in enumerate(_rechunk(_readable(batches, self.path), self.chunk_rows)):
+            ids = batch.column(idc) if idc else None
+            texts = _checked_text(batch.column(self.column), self.path, self.column, ids, done)
+            lengths, body = _text_digest(texts)
+            self._h_len.update(lengths)
+            self._h_text.update(body)
+            h = hashlib.sha256(lengths)
+            h.update(body)
+            uri = storage.join(self.dir, f"chunk-{i:06d}-{h.hexdigest()[:16]}.npz")
+            yield TextChunk(i, texts, ids, done, uri, uri.rsplit("/", 1)[-1] in existing)
+            done += batch.num_rows
+
+    @property
+    def text_sha256(self) -> str:
+        return hashlib.sha256(self._h_len.digest() + self._h_text.digest()).hexdigest()
+
+
 def embed_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TEXT],
                 embedder: Embedder | None = None, *, id_column: str | None = None,
                 chunk_rows: int = DEFAULT_CHUNK_ROWS,
@@ -395,66 +476,29 @@ def embed_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TE
     :class:`DataContractError` naming the rows by ``id_column`` (else by row number); a
     computed vector that is zero or not finite does too."""
     embedder = embedder or load_embedder()
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     path = str(raw_uri)
     t0 = time.perf_counter()
-    try:
-        fs, p = storage.resolve(raw_uri)
-        src = fs.open_input_file(p)
-        pf = pq.ParquetFile(src, buffer_size=1 << 20, pre_buffer=False)
-    except FileNotFoundError as exc:
-        raise storage.StorageError(f"{raw_uri}: raw shard does not exist") from exc
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        raise DataContractError(path, C.READABLE.name, detail=str(exc)) from exc
-    mdir = storage.join(checkpoint_dir, embedder.key)
-    try:
-        names = pf.schema_arrow.names
-        if text_column not in names:
-            raise DataContractError(path, C.PRESENT.name, column=text_column,
-                                    detail=C.PRESENT.detail.format(names=names))
-        t = pf.schema_arrow.field(text_column).type
-        if C.TEXT_TYPE.arrow(t):
-            raise DataContractError(path, C.TEXT_TYPE.name, column=text_column,
-                                    detail=C.TEXT_TYPE.detail.format(type=t))
-        cols = [text_column] + ([id_column] if id_column and id_column != text_column else [])
-        total = pf.metadata.num_rows
-        n_chunks = math.ceil(total / chunk_rows)
-        storage.makedirs(mdir)
-        existing = {u.rsplit("/", 1)[-1] for u in storage.list_files(mdir, suffix=".npz")}
-        h_len, h_text = hashlib.sha256(), hashlib.sha256()
-        chunks, computed, reused, tokens, truncated, done = [], 0, 0, 0, 0, 0
-        batches = pf.iter_batches(batch_size=min(chunk_rows, 65536), columns=cols,
-                                  use_threads=False)
-        for i, batch in enumerate(_rechunk(_readable(batches, path), chunk_rows)):
-            ids = (batch.column(id_column) if id_column else None)
-            texts = _checked_text(batch.column(text_column), path, text_column, ids, done)
-            lengths, body = _text_digest(texts)
-            h_len.update(lengths)
-            h_text.update(body)
-            h = hashlib.sha256(lengths)
-            h.update(body)
-            digest = h.hexdigest()[:16]
-            uri = storage.join(mdir, f"chunk-{i:06d}-{digest}.npz")
-            if uri.rsplit("/", 1)[-1] in existing:
-                enc = _read_chunk(uri)
+    chunks, computed, reused, tokens, truncated, done = [], 0, 0, 0, 0, 0
+    with TextChunks(raw_uri, text_column, chunk_rows, storage.join(checkpoint_dir, embedder.key),
+                    id_column) as reader:
+        for c in reader:
+            if c.cached:
+                enc = _read_chunk(c.uri)
                 reused += 1
             else:
-                e = embedder.encode(texts.to_pylist())
-                _check_vectors(e.vectors, path, text_column, ids, done, embedder.name)
-                _write_chunk(uri, e)
+                e = embedder.encode(c.texts.to_pylist())
+                _check_vectors(e.vectors, path, text_column, c.ids, c.start, embedder.name)
+                _write_chunk(c.uri, e)
                 enc = {"tokens": e.tokens, "truncated": e.truncated}
                 computed += 1
             tokens += int(enc["tokens"].sum())
             truncated += int(enc["truncated"].sum())
-            chunks.append(uri)
-            done += batch.num_rows
+            chunks.append(c.uri)
+            done = c.start + len(c.texts)
             if progress is not None:
-                progress(EmbedProgress(done, total, i + 1, n_chunks, computed, reused,
-                                       time.perf_counter() - t0))
-    finally:
-        src.close()
-    text_sha = hashlib.sha256(h_len.digest() + h_text.digest()).hexdigest()
+                progress(EmbedProgress(done, reader.total, c.index + 1, reader.n_chunks,
+                                       computed, reused, time.perf_counter() - t0))
+        text_sha = reader.text_sha256
     version = hashlib.sha256(f"{text_sha}:{embedder.key}".encode()).hexdigest()
     return EmbedResult(rows=done, dim=embedder.dim, model=embedder.name,
                        model_version=embedder.version, model_key=embedder.key,

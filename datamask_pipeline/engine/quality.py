@@ -43,12 +43,10 @@ from typing import Callable, Optional
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from . import contract as C
 from . import storage
 from .config import ConfigError
-from .errors import DataContractError
 
 __all__ = ["Scorer", "ScorerError", "HeuristicScorer", "FastTextScorer", "HFClassifierScorer",
            "WeightedScorer", "load_scorer", "parse_spec", "signals", "SIGNALS", "score_shard",
@@ -629,71 +627,35 @@ def score_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TE
     (same scorer and text) is reused. The contract's text rules apply first (``contract.
     TEXT_RULES``: null, non-UTF-8 and blank texts are refused, naming the rows by
     ``id_column``), as for the embeddings; a score that is not finite is refused too."""
-    from .embed import _checked_text, _fail, _readable, _rechunk, _text_digest
+    from .embed import TextChunks, _fail
 
     scorer = scorer or load_scorer()
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     path = str(raw_uri)
     t0 = time.perf_counter()
-    try:
-        fs, p = storage.resolve(raw_uri)
-        src = fs.open_input_file(p)
-        pf = pq.ParquetFile(src, buffer_size=1 << 20, pre_buffer=False)
-    except FileNotFoundError as exc:
-        raise storage.StorageError(f"{raw_uri}: raw shard does not exist") from exc
-    except (OSError, pa.ArrowException, ValueError) as exc:
-        raise DataContractError(path, C.READABLE.name, detail=str(exc)) from exc
-    sdir = storage.join(checkpoint_dir, scorer.key)
-    try:
-        names = pf.schema_arrow.names
-        if text_column not in names:
-            raise DataContractError(path, C.PRESENT.name, column=text_column,
-                                    detail=C.PRESENT.detail.format(names=names))
-        t = pf.schema_arrow.field(text_column).type
-        if C.TEXT_TYPE.arrow(t):
-            raise DataContractError(path, C.TEXT_TYPE.name, column=text_column,
-                                    detail=C.TEXT_TYPE.detail.format(type=t))
-        cols = [text_column] + ([id_column] if id_column and id_column != text_column else [])
-        total = pf.metadata.num_rows
-        n_chunks = math.ceil(total / chunk_rows)
-        storage.makedirs(sdir)
-        existing = {u.rsplit("/", 1)[-1] for u in storage.list_files(sdir, suffix=".npz")}
-        h_len, h_text = hashlib.sha256(), hashlib.sha256()
-        parts, chunks, computed, reused, done = [], [], 0, 0, 0
-        batches = pf.iter_batches(batch_size=min(chunk_rows, 65536), columns=cols,
-                                  use_threads=False)
-        for i, batch in enumerate(_rechunk(_readable(batches, path), chunk_rows)):
-            ids = batch.column(id_column) if id_column else None
-            texts = _checked_text(batch.column(text_column), path, text_column, ids, done)
-            lengths, body = _text_digest(texts)
-            h_len.update(lengths)
-            h_text.update(body)
-            h = hashlib.sha256(lengths)
-            h.update(body)
-            uri = storage.join(sdir, f"chunk-{i:06d}-{h.hexdigest()[:16]}.npz")
-            if uri.rsplit("/", 1)[-1] in existing:
-                scores = _read_scores(uri)
+    parts, chunks, computed, reused = [], [], 0, 0
+    with TextChunks(raw_uri, text_column, chunk_rows, storage.join(checkpoint_dir, scorer.key),
+                    id_column) as reader:
+        for c in reader:
+            if c.cached:
+                scores = _read_scores(c.uri)
                 reused += 1
             else:
-                scores = np.asarray(scorer.score(texts), np.float64)
+                scores = np.asarray(scorer.score(c.texts), np.float64)
                 bad = ~np.isfinite(scores)
                 if bad.any():
-                    raise _fail(C.Q_FINITE, bad, path, text_column, ids, done,
+                    raise _fail(C.Q_FINITE, bad, path, text_column, c.ids, c.start,
                                 detail=f"computed by the quality scorer {scorer.name}")
                 buf = io.BytesIO()
                 np.savez(buf, scores=scores)
-                storage.atomic_write_bytes(uri, buf.getvalue())
+                storage.atomic_write_bytes(c.uri, buf.getvalue())
                 computed += 1
             parts.append(scores)
-            chunks.append(uri)
-            done += batch.num_rows
+            chunks.append(c.uri)
             if progress is not None:
-                progress(QualityProgress(done, total, i + 1, n_chunks, computed, reused,
+                progress(QualityProgress(c.start + len(c.texts), reader.total, c.index + 1,
+                                         reader.n_chunks, computed, reused,
                                          time.perf_counter() - t0))
-    finally:
-        src.close()
-    text_sha = hashlib.sha256(h_len.digest() + h_text.digest()).hexdigest()
+        text_sha = reader.text_sha256
     version = hashlib.sha256(f"{text_sha}:{scorer.key}".encode()).hexdigest()
     return QualityResult(scores=np.concatenate(parts) if parts else np.zeros(0),
                          scorer=scorer.name, scorer_version=scorer.version,
