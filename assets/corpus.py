@@ -31,6 +31,7 @@ from resources.storage import DataRoot
 from .ingest import ID, OWNERS, features, raw_shard, stage
 from .learn import MaskConfig, read_features
 from .partitions import PARTITIONS_NAME
+from .select import raw_schema
 
 GROUP = "corpus"
 CODE_VERSION = "corpus-1"
@@ -76,26 +77,25 @@ def _budget(config):
 
 
 def _tokens(raw_uri: str, config, text_column: str | None) -> np.ndarray:
-    fs, path = storage.resolve(raw_uri)
-    with fs.open_input_file(path) as fh:
-        pf = pq.ParquetFile(fh)
-        names = pf.schema_arrow.names
-        if config.token_column:
-            if config.token_column not in names:
-                raise DataContractError(raw_uri, "column present", column=config.token_column,
-                                        detail=f"token_column; available columns: {names}")
-            col = pf.read(columns=[config.token_column]).column(0)
-            if not pa.types.is_integer(col.type) or col.null_count:
-                raise DataContractError(raw_uri, "token counts are non-null integers",
-                                        column=config.token_column)
-            return col.to_numpy().astype(np.int64)
-        if not text_column or text_column not in names:
-            raise DataContractError(raw_uri, "column present", column=text_column or "text",
-                                    detail="select_tokens without token_column counts tokens "
-                                           f"from the text; available columns: {names}")
-        from datamask_pipeline.engine.corpus.tokens import count_tokens
+    if config.token_column:
+        col = storage.read_column(raw_uri, config.token_column)
+        if col is None:
+            raise DataContractError(raw_uri, "column present", column=config.token_column,
+                                    detail=f"token_column; available columns: "
+                                           f"{raw_schema(raw_uri).names}")
+        if not pa.types.is_integer(col.type) or col.null_count:
+            raise DataContractError(raw_uri, "token counts are non-null integers",
+                                    column=config.token_column)
+        return col.to_numpy().astype(np.int64)
+    text = storage.read_column(raw_uri, text_column) if text_column else None
+    if text is None:
+        raise DataContractError(raw_uri, "column present", column=text_column or "text",
+                                detail="select_tokens without token_column counts tokens "
+                                       f"from the text; available columns: "
+                                       f"{raw_schema(raw_uri).names}")
+    from datamask_pipeline.engine.corpus.tokens import count_tokens
 
-        return count_tokens(pf.read(columns=[text_column]).column(0), config.tokenizer)
+    return count_tokens(text, config.tokenizer)
 
 
 def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) -> tuple:
@@ -141,9 +141,7 @@ def selection_table(result, shards, data_root: DataRoot) -> pa.Table:
         rows = result.selected[s.key]
         if not rows.size:
             continue
-        fs, path = storage.resolve(data_root.features(s.key))
-        with fs.open_input_file(path) as fh:
-            ids = pq.read_table(fh, columns=[ID]).column(ID).take(pa.array(rows))
+        ids = storage.read_table(data_root.features(s.key), [ID]).column(ID).take(pa.array(rows))
         cols["partition_key"] += [s.key] * rows.size
         cols["raw_uri"] += [data_root.raw_shard(s.key)] * rows.size
         cols["row"].append(rows.astype(np.int64))
@@ -203,14 +201,8 @@ class DedupConfig(dg.Config):
 
 
 def _raw_texts(raw_uri: str, column: str | None):
-    if not column:
-        return None
-    fs, path = storage.resolve(raw_uri)
-    with fs.open_input_file(path) as fh:
-        pf = pq.ParquetFile(fh)
-        if column not in pf.schema_arrow.names:
-            return None
-        return pf.read(columns=[column]).column(0).combine_chunks()
+    col = storage.read_column(raw_uri, column) if column else None
+    return None if col is None else col.combine_chunks()
 
 
 DUPLICATES = "duplicates.parquet"
@@ -316,15 +308,13 @@ def last_selection(data_root: DataRoot, shards_: list, cfg, budget) -> dict | No
     sel_uri = storage.join(data_root.corpus_dir(), "selection.parquet")
     if not (storage.exists(facts_uri) and storage.exists(sel_uri)):
         return None
-    facts = json.loads(_read_bytes(facts_uri))
+    facts = json.loads(storage.read_bytes(facts_uri))
     if (facts.get("config_hash") != cfg.config_hash()
             or facts.get("budget") != {"kind": budget.kind, "value": budget.value}):
         return None
     versions = facts.get("versions", {})
     same = {s.key for s in shards_ if versions.get(s.key) == s.version}
-    fs, path = storage.resolve(sel_uri)
-    with fs.open_input_file(path) as fh:
-        t = pq.read_table(fh, columns=["partition_key", "row"])
+    t = storage.read_table(sel_uri, ["partition_key", "row"])
     keys = t.column("partition_key").to_numpy(zero_copy_only=False)
     rows = t.column("row").to_numpy()
     return {k: rows[keys == k] for k in same}
@@ -338,15 +328,13 @@ def dedup_keep(data_root: DataRoot, shards_: list) -> tuple:
     if not storage.exists(out) or not storage.exists(facts_uri):
         raise ConfigError("no corpus/duplicates.parquet: materialize corpus_dedup first "
                           "(corpus_job runs it; its config enabled=false turns it off)")
-    facts = json.loads(_read_bytes(facts_uri))
+    facts = json.loads(storage.read_bytes(facts_uri))
     if facts.get("enabled", True):
         stale = [s.key for s in shards_ if facts.get("versions", {}).get(s.key) != s.version]
         if stale:
             raise ConfigError(f"corpus_dedup ran before shard(s) {stale[:5]} were (re)ingested: "
                               "materialize corpus_dedup again (corpus_job runs both)")
-    fs, path = storage.resolve(out)
-    with fs.open_input_file(path) as fh:
-        dup = pq.read_table(fh, columns=["partition_key", "row"])
+    dup = storage.read_table(out, ["partition_key", "row"])
     keys = dup.column("partition_key").to_numpy(zero_copy_only=False)
     rows = dup.column("row").to_numpy()
     for s in shards_:
@@ -463,11 +451,9 @@ def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
     if not storage.exists(sel_uri):
         raise dg.Failure(description=f"corpus_subset: {sel_uri} missing: materialize "
                                      "corpus_selection first", allow_retries=False)
-    fs, path = storage.resolve(sel_uri)
-    with fs.open_input_file(path) as fh:
-        table = pq.read_table(fh)
-    summary = json.loads(_read_bytes(storage.join(data_root.corpus_dir(), "selection.json")))
-    manifest = json.loads(_read_bytes(man_uri)) if storage.exists(man_uri) else {}
+    table = storage.read_table(sel_uri)
+    summary = json.loads(storage.read_bytes(storage.join(data_root.corpus_dir(), "selection.json")))
+    manifest = json.loads(storage.read_bytes(man_uri)) if storage.exists(man_uri) else {}
     keys = sorted(summary["sizes"])
     part = table.column("partition_key").to_numpy(zero_copy_only=False)
     changed, written_rows, new_manifest = [], 0, {}
@@ -521,28 +507,17 @@ def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
     })
 
 
-def _read_bytes(uri: str) -> bytes:
-    fs, path = storage.resolve(uri)
-    with fs.open_input_file(path) as fh:
-        return fh.read()
-
-
 def _raw_ids_at(raw_uri: str, id_column: str, rows: np.ndarray):
     """The raw ids at the given row numbers (the features are the raw file row for row)."""
-    fs, path = storage.resolve(raw_uri)
-    with fs.open_input_file(path) as fh:
-        col = pq.read_table(fh, columns=[id_column]).column(id_column)
+    col = storage.read_table(raw_uri, [id_column]).column(id_column)
     return col.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
 
 
 def _counts(uri: str, column: str):
-    fs, path = storage.resolve(uri)
-    with fs.open_input_file(path) as fh:
-        pf = pq.ParquetFile(fh)
-        if column not in pf.schema_arrow.names:
-            return None
-        return {item["values"]: item["counts"]
-                for item in pc.value_counts(pf.read(columns=[column]).column(0)).to_pylist()}
+    col = storage.read_column(uri, column)
+    if col is None:
+        return None
+    return {item["values"]: item["counts"] for item in pc.value_counts(col).to_pylist()}
 
 
 def source_shares(data_root: DataRoot, keys, column: str = "source") -> dict | None:

@@ -22,9 +22,7 @@ CODE_VERSION = "selected-1"
 
 
 def _read(uri: str, columns: list):
-    fs, path = storage.resolve(uri)
-    with fs.open_input_file(path) as fh:
-        return pq.read_table(fh, columns=columns)
+    return storage.read_table(uri, columns)
 
 
 def raw_schema(uri: str):

@@ -246,10 +246,10 @@ def corpus_plan(instance: dg.DagsterInstance, data_root: DataRoot, features_reco
     rec = last[0]
     covered, last_sel = set(), {}
     try:
-        fs, path = storage.resolve(storage.join(data_root.corpus_dir(), "selection.json"))
-        with fs.open_input_file(path) as fh:
-            last_sel = json.loads(fh.read())  # the shards it selected from, and left out
-            covered = set(last_sel.get("sizes", {})) | set(last_sel.get("excluded", {}))
+        # the shards it selected from, and left out
+        last_sel = json.loads(storage.read_bytes(storage.join(data_root.corpus_dir(),
+                                                              "selection.json")))
+        covered = set(last_sel.get("sizes", {})) | set(last_sel.get("excluded", {}))
     except (OSError, ValueError):
         pass
     changed = [k for k in present

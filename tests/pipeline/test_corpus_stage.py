@@ -261,3 +261,13 @@ def test_exchange_takes_a_new_shard_from_the_last_selection(instance, corpus, da
     # knobs changed: no warm start
     third = _corpus(instance, resources, select_ratio=0.1, mode="exchange", lamb=0.3)
     assert "warm start" not in _meta(third, "corpus_selection")["route"].value
+
+
+def test_a_missing_token_column_fails_readably_and_writes_nothing(prepared, instance, resources):
+    data_root = prepared
+    r = _corpus(instance, resources, raise_on_error=False, select_tokens=1000,
+                token_column="n_tokens")
+    assert not r.success
+    msg = [e for e in r.all_events if e.is_step_failure][0].step_failure_data.error.message
+    assert "column 'n_tokens'" in msg and "rule 'column present'" in msg and "shard_000" in msg
+    assert not os.path.exists(os.path.join(data_root.corpus_dir(), "selection.parquet"))

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 __all__ = ["StorageError", "resolve", "join", "exists", "remove", "makedirs", "list_files",
+           "read_bytes", "read_table", "read_column",
            "sha256", "size", "is_local"]
 
 _SCHEME_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
@@ -146,6 +147,35 @@ def _basename(uri: str) -> str:
 def _info(uri) -> pafs.FileInfo:
     fs, path = resolve(uri)
     return fs.get_file_info(path)
+
+
+def read_bytes(uri) -> bytes:
+    """The whole object (the twin of ``atomic_write_bytes``)."""
+    fs, path = resolve(uri)
+    with fs.open_input_file(path) as fh:
+        return fh.read()
+
+
+def read_table(uri, columns=None) -> pa.Table:
+    """A parquet file, or some of its columns."""
+    import pyarrow.parquet as pq
+
+    fs, path = resolve(uri)
+    with fs.open_input_file(path) as fh:
+        return pq.read_table(fh, columns=columns)
+
+
+def read_column(uri, column: str):
+    """One column of a parquet file (a ChunkedArray), or None when the file has no such column;
+    only the footer and that column are read."""
+    import pyarrow.parquet as pq
+
+    fs, path = resolve(uri)
+    with fs.open_input_file(path) as fh:
+        pf = pq.ParquetFile(fh)
+        if column not in pf.schema_arrow.names:
+            return None
+        return pf.read(columns=[column]).column(0)
 
 
 def exists(uri) -> bool:
