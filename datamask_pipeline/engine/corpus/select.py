@@ -156,7 +156,8 @@ def _select_part(shard, k: int, cfg: LearnerConfig, device, mem_budget):
         return np.arange(n, dtype=np.int64), "all"
     min_k = max(cfg.diversity_term().min_k, 1)
     if k < min_k or n - k < 1:
-        return np.sort(quality_topk(shard.quality, k, shard.ids)), "topk (k below the term's minimum)"
+        return (np.sort(quality_topk(shard.quality, k, shard.ids)),
+                "topk (k below the term's minimum)")
     sel = select_shard(shard, cfg.replace(select_ratio=_ratio_for(k, n)), device=device,
                        mem_budget=mem_budget, references=False)
     return sel.indices, sel.route
@@ -210,8 +211,10 @@ def _global_topk(q_all: np.ndarray, k: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ scoring
-def _score_sets(shards, loaded, sets: dict, term_name: str, cfg, device, whole: bool) -> tuple:
-    """Whole-corpus scores of several selections (global row numbers)."""
+def _score_sets(shards, loaded, quality, spill, sets: dict, term_name: str, cfg, device,
+                whole: bool) -> tuple:
+    """Whole-corpus scores of several selections (global row numbers); beyond memory, from the
+    selected rows' statistics, read from the shards' spilled copies where there are some."""
     from ..evaluate import make_ground_set
     from ..select import score_selection
 
@@ -229,17 +232,17 @@ def _score_sets(shards, loaded, sets: dict, term_name: str, cfg, device, whole: 
     d = None
     parts, st = {}, None
     for i in range(len(shards)):
-        sh = loaded(i)
+        x = spill.rows[i] if spill is not None and i in spill.rows else loaded(i).embeddings
+        q = quality(i)
         if st is None:
-            d = sh.embeddings.shape[1]
-            st = stats_for(term_name, cfg.lamb, d, ref=sh.embeddings[0])
+            d = x.shape[1]
+            st = stats_for(term_name, cfg.lamb, d, ref=np.asarray(x[0]))
             parts = {name: st.zero() for name in sets}
         for name, idx in sets.items():
             lo, hi = np.searchsorted(idx, [offsets[i], offsets[i + 1]])
             rows = idx[lo:hi] - offsets[i]
             if rows.size:
-                parts[name] = st.add(parts[name], st.rows(sh.embeddings[rows]),
-                                     np.asarray(sh.quality)[rows])
+                parts[name] = st.add(parts[name], st.rows(x[rows]), q[rows])
     return ({name: st.f(parts[name], len(idx)) for name, idx in sets.items()},
             "sufficient statistics (exact f of the selected rows)")
 
@@ -317,6 +320,7 @@ def select_corpus(
 
     cache: dict = {}  # shards held in memory: all of them when the corpus fits, else none
     qual: dict = {}  # every shard's quality, kept from its first read
+    spill = None  # exchange beyond memory: each shard's float32 copy on disk, from its first read
 
     def loaded(i):
         if i in cache:
@@ -325,16 +329,24 @@ def select_corpus(
         if sh.n != shards[i].n:
             raise ConfigError(f"shard {shards[i].key}: {sh.n} rows read, {shards[i].n} expected")
         qual[i] = np.asarray(sh.quality, dtype=np.float64)
-        if keep:
+        if hold:
             cache[i] = sh
+        if spill is not None:
+            spill.put(i, sh.embeddings)
         return sh
 
-    keep = True
+    def quality(i):
+        if i not in qual:
+            loaded(i)
+        return qual[i]
+
+    def quality_of_all():
+        return np.concatenate([quality(i) for i in range(len(shards))])
+
+    hold = True
     d = loaded(0).d
     fits, why = _fits_gather(n, d, cfg, dev, gather_max_rows)
-    keep = fits
-    if not keep:
-        cache.clear()
+    hold = fits
     chosen = mode
     if mode == "auto":
         if fits:
@@ -348,136 +360,144 @@ def select_corpus(
         notes.append(f"auto: {chosen} ({why})")
     if chosen == "exchange" and term_name not in HAS_STATS:
         raise ConfigError(f"corpus mode 'exchange' needs a term with sufficient statistics "
-                          f"({', '.join(HAS_STATS)}); {term_name} has none: use gather or per_shard")
+                          f"({', '.join(HAS_STATS)}); {term_name} has none: use gather or "
+                          "per_shard")
     log(f"corpus: {n:,} rows in {len(shards)} shard(s), budget {budget.label} -> k={k:,}; "
         f"mode {chosen}")
+    if chosen == "exchange" and not hold:
+        spill = _Spill(workdir)
+        spill.put(0, cache[0].embeddings)
+    if not hold:
+        cache.clear()
+    try:
 
-    offsets = np.cumsum([0] + [s.n for s in shards])
-    rounds, converged, route = [], None, ""
-    shard_routes: dict = {}
-    timings: dict = {}
-    from .checkpoint import Checkpoints
+        offsets = np.cumsum([0] + [s.n for s in shards])
+        rounds, converged, route = [], None, ""
+        shard_routes: dict = {}
+        timings: dict = {}
+        from .checkpoint import Checkpoints
 
-    ckpt = Checkpoints(checkpoint_dir if chosen in ("per_shard", "exchange") else None, {
-        "config": cfg.config_hash(), "mode": chosen, "k": k, "candidates": candidates,
-        "shards": [(s.key, s.n, s.version) for s in shards]})
-    t0 = time.perf_counter()
-    if chosen == "gather":
-        g = _Gathered([loaded(i) for i in range(len(shards))])
-        sel = _select_gathered(g, k, cfg, dev, mem_budget)
-        route = sel.route
-        glob = g.order[sel.indices]
-        priority = np.empty(n, dtype=np.float64)
-        priority[g.order] = -sel.rank.astype(np.float64)
-        scores = {name: sc.as_dict() for name, sc in sel.scores.items()
-                  if name in ("selection", "quality_topk", "random")}
-        scored_by = WHOLE
-        notes += sel.notes
-        if sel.guard:
-            notes.append(sel.guard)
-    else:
-        if chosen == "random_blocks":
-            glob, route, shard_routes = _random_blocks(shards, loaded, k, cfg, dev, mem_budget,
-                                                       blocks or len(shards), log)
-            priority = None
-        elif chosen == "exchange" and warm_start is not None:
-            per = []
-            for i, s in enumerate(shards):
-                rows = np.asarray(warm_start.get(s.key, []), dtype=np.int64)
-                if maps[i] is not None and rows.size:  # to the kept rows' numbering
-                    pos = np.searchsorted(maps[i], rows)
-                    ok = (pos < maps[i].size) & (maps[i][np.minimum(pos, maps[i].size - 1)] == rows)
-                    rows = pos[ok]
-                per.append(rows[(rows >= 0) & (rows < s.n)])
-            warm = int(sum(r.size for r in per))
-            log(f"corpus: warm start from {warm:,} rows of the last selection "
-                f"({sum(1 for s in shards if s.key in warm_start)} of {len(shards)} shards)")
-            notes.append(f"warm start: {warm:,} rows of the last selection; no shard selected "
-                         "again")
-            timings["shards_s"] = time.perf_counter() - t0
-            glob, priority, rounds, converged = _exchange(
-                shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
-                log, spill=not keep, workdir=workdir, ckpt=ckpt, fit=True)
-            route = "exchange rounds from the last selection (warm start)"
+        ckpt = Checkpoints(checkpoint_dir if chosen in ("per_shard", "exchange") else None, {
+            "config": cfg.config_hash(), "mode": chosen, "k": k, "candidates": candidates,
+            "shards": [(s.key, s.n, s.version) for s in shards]})
+        t0 = time.perf_counter()
+        if chosen == "gather":
+            g = _Gathered([loaded(i) for i in range(len(shards))])
+            sel = _select_gathered(g, k, cfg, dev, mem_budget)
+            route = sel.route
+            glob = g.order[sel.indices]
+            priority = np.empty(n, dtype=np.float64)
+            priority[g.order] = -sel.rank.astype(np.float64)
+            scores = {name: sc.as_dict() for name, sc in sel.scores.items()
+                      if name in ("selection", "quality_topk", "random")}
+            scored_by = WHOLE
+            notes += sel.notes
+            if sel.guard:
+                notes.append(sel.guard)
         else:
-            alloc = allocate([s.n for s in shards], k)
-            per = []
-            for i, s in enumerate(shards):
-                done = ckpt.load_part(i)
-                if done is not None:
-                    rows, r = done
-                    log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r}), from the "
-                        "checkpoint of an earlier attempt")
-                else:
-                    rows, r = _select_part(loaded(i), int(alloc[i]), cfg, dev, mem_budget)
-                    ckpt.save_part(i, rows, r)
-                    log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r})")
-                per.append(rows)
-                shard_routes[s.key] = r
-            route = ", ".join(sorted(set(shard_routes.values())))
-            timings["shards_s"] = time.perf_counter() - t0
-            if chosen == "exchange":
-                glob, priority, rounds, converged = _exchange(
-                    shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
-                    log, spill=not keep, workdir=workdir, ckpt=ckpt)
-                route = f"exchange rounds from per-shard {route}"
-            else:
-                glob = np.concatenate([r + offsets[i] for i, r in enumerate(per)])
+            if chosen == "random_blocks":
+                glob, route, shard_routes = _random_blocks(shards, loaded, k, cfg, dev, mem_budget,
+                                                           blocks or len(shards), log)
                 priority = None
-        scores, scored_by = None, None
-    timings["select_s"] = time.perf_counter() - t0
-    if "shards_s" in timings and chosen == "exchange":
-        timings["rounds_s"] = timings["select_s"] - timings["shards_s"]
+            elif chosen == "exchange" and warm_start is not None:
+                per = []
+                for i, s in enumerate(shards):
+                    rows = np.asarray(warm_start.get(s.key, []), dtype=np.int64)
+                    if maps[i] is not None and rows.size:  # to the kept rows' numbering
+                        pos = np.searchsorted(maps[i], rows)
+                        last = maps[i].size - 1
+                        ok = (pos <= last) & (maps[i][np.minimum(pos, last)] == rows)
+                        rows = pos[ok]
+                    per.append(rows[(rows >= 0) & (rows < s.n)])
+                warm = int(sum(r.size for r in per))
+                log(f"corpus: warm start from {warm:,} rows of the last selection "
+                    f"({sum(1 for s in shards if s.key in warm_start)} of {len(shards)} shards)")
+                notes.append(f"warm start: {warm:,} rows of the last selection; no shard selected "
+                             "again")
+                timings["shards_s"] = time.perf_counter() - t0
+                glob, rounds, converged = _exchange(
+                    shards, loaded, quality, spill, per, k, cfg, candidates, max_rounds,
+                    time_budget_s, on_round, log, ckpt=ckpt, fit=True)
+                route = "exchange rounds from the last selection (warm start)"
+                priority = None
+            else:
+                alloc = allocate([s.n for s in shards], k)
+                per = []
+                for i, s in enumerate(shards):
+                    done = ckpt.load_part(i)
+                    if done is not None:
+                        rows, r = done
+                        log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r}), from the "
+                            "checkpoint of an earlier attempt")
+                    else:
+                        rows, r = _select_part(loaded(i), int(alloc[i]), cfg, dev, mem_budget)
+                        ckpt.save_part(i, rows, r)
+                        log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r})")
+                    per.append(rows)
+                    shard_routes[s.key] = r
+                route = ", ".join(sorted(set(shard_routes.values())))
+                timings["shards_s"] = time.perf_counter() - t0
+                if chosen == "exchange":
+                    glob, rounds, converged = _exchange(
+                        shards, loaded, quality, spill, per, k, cfg, candidates, max_rounds,
+                        time_budget_s, on_round, log, ckpt=ckpt)
+                    route = f"exchange rounds from per-shard {route}"
+                    priority = None
+                else:
+                    glob = np.concatenate([r + offsets[i] for i, r in enumerate(per)])
+                    priority = None
+            scores, scored_by = None, None
+        timings["select_s"] = time.perf_counter() - t0
+        if "shards_s" in timings and chosen == "exchange":
+            timings["rounds_s"] = timings["select_s"] - timings["shards_s"]
 
-    tokens_info = None
-    if budget.kind == "tokens":
-        tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in shards])
-        selected_mask = np.zeros(n, dtype=bool)
-        selected_mask[glob] = True
-        if priority is None:  # by quality: the rows a shard solver would drop / add last
-            for i in range(len(shards)):
-                if i not in qual:
-                    loaded(i)
-            priority = np.concatenate([qual[i] for i in range(len(shards))])
-        selected_mask = fit_tokens(selected_mask, priority, tok, int(budget.value))
-        glob = np.flatnonzero(selected_mask)
-        tokens_info = {"target": int(budget.value), "selected": int(tok[glob].sum()),
-                       "corpus": tokens_total,
-                       "largest_document": int(tok.max())}
-        k = int(glob.size)
-        scores = None  # the size changed: score again below
-    glob = np.sort(np.asarray(glob, dtype=np.int64))
-    if np.unique(glob).size != glob.size:  # pragma: no cover - every mode selects each row once
-        raise AssertionError("a row was selected twice")
+        tokens_info = None
+        if budget.kind == "tokens":
+            tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in shards])
+            selected_mask = np.zeros(n, dtype=bool)
+            selected_mask[glob] = True
+            if priority is None:  # by quality: the rows a shard solver would drop / add last
+                priority = quality_of_all()
+            selected_mask = fit_tokens(selected_mask, priority, tok, int(budget.value))
+            glob = np.flatnonzero(selected_mask)
+            tokens_info = {"target": int(budget.value), "selected": int(tok[glob].sum()),
+                           "corpus": tokens_total,
+                           "largest_document": int(tok.max())}
+            k = int(glob.size)
+            scores = None  # the size changed: score again below
+        glob = np.sort(np.asarray(glob, dtype=np.int64))
+        if np.unique(glob).size != glob.size:  # pragma: no cover - every mode selects each row once
+            raise AssertionError("a row was selected twice")
 
-    if scores is None:
-        t1 = time.perf_counter()
-        for i in range(len(shards)):
-            if i not in qual:
-                loaded(i)
-        q_all = np.concatenate([qual[i] for i in range(len(shards))])
-        rng = np.random.default_rng(cfg.seed)
-        sets = {"selection": glob, "quality_topk": _global_topk(q_all, k),
-                "random": np.sort(rng.choice(n, size=k, replace=False))}
-        scores, scored_by = _score_sets(shards, loaded, sets, term_name, cfg, dev, whole=fits)
-        timings["score_s"] = time.perf_counter() - t1
         if scores is None:
-            notes.append(f"whole-corpus f not computed: {term_name} needs every row at once and "
-                         f"the corpus does not fit ({why})")
-    selected = {}
-    for i, s in enumerate(shards):
-        lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
-        rows = glob[lo:hi] - offsets[i]
-        selected[s.key] = rows if maps[i] is None else maps[i][rows]  # the shard's own rows
-    if scored_by is not None and n != n_input:
-        scored_by += f", the {n:,} rows left after deduplication"
-    timings["total_s"] = time.perf_counter() - t_start
-    ckpt.clear()
-    return CorpusSelection(
-        mode=chosen, requested_mode=mode, budget=budget, term=term_name, lamb=cfg.lamb, n=n,
-        k=int(glob.size), selected=selected, route=route, scores=scores, scored_by=scored_by,
-        rounds=rounds, converged=converged, timings=timings, tokens=tokens_info, notes=notes,
-        shard_routes=shard_routes, n_input=n_input)
+            t1 = time.perf_counter()
+            q_all = quality_of_all()
+            rng = np.random.default_rng(cfg.seed)
+            sets = {"selection": glob, "quality_topk": _global_topk(q_all, k),
+                    "random": np.sort(rng.choice(n, size=k, replace=False))}
+            scores, scored_by = _score_sets(shards, loaded, quality, spill, sets, term_name, cfg,
+                                        dev, whole=fits)
+            timings["score_s"] = time.perf_counter() - t1
+            if scores is None:
+                notes.append(f"whole-corpus f not computed: {term_name} needs every row at "
+                             f"once and the corpus does not fit ({why})")
+        selected = {}
+        for i, s in enumerate(shards):
+            lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
+            rows = glob[lo:hi] - offsets[i]
+            selected[s.key] = rows if maps[i] is None else maps[i][rows]  # the shard's own rows
+        if scored_by is not None and n != n_input:
+            scored_by += f", the {n:,} rows left after deduplication"
+        timings["total_s"] = time.perf_counter() - t_start
+        ckpt.clear()
+        return CorpusSelection(
+            mode=chosen, requested_mode=mode, budget=budget, term=term_name, lamb=cfg.lamb, n=n,
+            k=int(glob.size), selected=selected, route=route, scores=scores, scored_by=scored_by,
+            rounds=rounds, converged=converged, timings=timings, tokens=tokens_info, notes=notes,
+            shard_routes=shard_routes, n_input=n_input)
+    finally:
+        if spill is not None:
+            spill.close()
 
 
 def _select_gathered(g: _Gathered, k: int, cfg, dev, mem_budget):
@@ -564,52 +584,67 @@ class _DiskRows:
             os.close(fd)
 
 
-def _exchange(shards, loaded, per, k, cfg, candidates, max_rounds, time_budget_s, on_round,
-              log, *, spill: bool, workdir: str | None, ckpt=None, fit: bool = False):
-    import shutil
-    import tempfile
+class _Spill:
+    """Each shard's embeddings as a float32 copy on disk (:class:`_DiskRows`), written when the
+    shard is first read, so the exchange rounds read them back one chunk at a time; removed
+    by :meth:`close`."""
 
+    def __init__(self, workdir: str | None):
+        import tempfile
+
+        self.dir = tempfile.mkdtemp(prefix="corpus-", dir=workdir)
+        self.rows: dict = {}
+
+    def put(self, i: int, x) -> None:
+        if i not in self.rows:
+            self.rows[i] = _DiskRows.write(f"{self.dir}/{i}.f32", x)
+
+    def close(self) -> None:
+        import shutil
+
+        self.rows.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _exchange(shards, loaded, quality, spill, per, k, cfg, candidates, max_rounds, time_budget_s,
+              on_round, log, *, ckpt=None, fit: bool = False):
+    """The exchange rounds from ``per`` (each shard's start rows): (global rows, rounds,
+    converged). With ``spill`` the rounds read the shards' copies on disk, else the shards
+    held in memory."""
     from .exchange import exchange_rounds, fit_count
 
-    tmp = None
     data, sel, st = [], [], None
-    try:
-        for i, s in enumerate(shards):
-            sh = loaded(i)
-            if st is None:
-                st = stats_for(cfg.term_label, cfg.lamb, sh.d, ref=sh.embeddings[0])
-            x = sh.embeddings
-            if spill:  # one shard in memory at a time: the rounds read float32 copies on disk
-                if tmp is None:
-                    tmp = tempfile.mkdtemp(prefix="corpus-", dir=workdir)
-                x = _DiskRows.write(f"{tmp}/{i}.f32", x)
-            data.append((x, np.asarray(sh.quality, dtype=np.float64)))
+    for i, s in enumerate(shards):
+        if spill is not None and i in spill.rows:
+            x = spill.rows[i]
+        else:
+            sh = loaded(i)  # held in memory, or read now (and spilled)
+            x = spill.rows[i] if spill is not None else sh.embeddings
             del sh
-            m = np.zeros(s.n, dtype=bool)
-            m[per[i]] = True
-            sel.append(m)
+        if st is None:
+            st = stats_for(cfg.term_label, cfg.lamb, x.shape[1], ref=np.asarray(x[0]))
+        data.append((x, quality(i)))
+        m = np.zeros(s.n, dtype=bool)
+        m[per[i]] = True
+        sel.append(m)
 
-        def report(info):
-            log(f"corpus: exchange round {info['round']}: {info['swaps']:,} swaps, "
-                f"f={info['f']:.8g} ({info['seconds']:.1f}s)")
-            if on_round is not None:
-                on_round(info)
+    def report(info):
+        log(f"corpus: exchange round {info['round']}: {info['swaps']:,} swaps, "
+            f"f={info['f']:.8g} ({info['seconds']:.1f}s)")
+        if on_round is not None:
+            on_round(info)
 
-        if fit:
-            sel, moved = fit_count(data, sel, st, k)
-            log(f"corpus: start made {k:,} rows ({moved['added']:,} added, "
-                f"{moved['removed']:,} removed by their gains)")
-        resume = ckpt.load_round() if ckpt is not None else None
-        if resume is not None:
-            log(f"corpus: resuming the exchange after round {resume[0]} (checkpoint of an "
-                "earlier attempt)")
-        res = exchange_rounds(data, sel, st, k, candidates=candidates, max_rounds=max_rounds,
-                              time_budget_s=time_budget_s, on_round=report, resume=resume,
-                              on_state=None if ckpt is None else ckpt.save_round)
-    finally:
-        data.clear()
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
+    if fit:
+        sel, moved = fit_count(data, sel, st, k)
+        log(f"corpus: start made {k:,} rows ({moved['added']:,} added, "
+            f"{moved['removed']:,} removed by their gains)")
+    resume = ckpt.load_round() if ckpt is not None else None
+    if resume is not None:
+        log(f"corpus: resuming the exchange after round {resume[0]} (checkpoint of an "
+            "earlier attempt)")
+    res = exchange_rounds(data, sel, st, k, candidates=candidates, max_rounds=max_rounds,
+                          time_budget_s=time_budget_s, on_round=report, resume=resume,
+                          on_state=None if ckpt is None else ckpt.save_round)
     offsets = np.cumsum([0] + [s.n for s in shards])
     glob = np.concatenate([np.flatnonzero(m) + offsets[i] for i, m in enumerate(res.selected)])
-    return glob, None, res.rounds, res.converged
+    return glob, res.rounds, res.converged
