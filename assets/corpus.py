@@ -232,7 +232,9 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
     stats = {"enabled": config.enabled, "threshold": config.threshold, "rows": 0, "dropped": 0}
     if config.enabled and shards_:
         parts = [s.load() for s in shards_]
-        ids_txt = [pc.cast(pa.array(p.ids), pa.string()).to_pylist() for p in parts]
+        # ids as text (shards may differ in id type): dedup's tie-break and the lineage
+        ids_txt = [pc.cast(pa.array(p.ids), pa.string()).to_numpy(zero_copy_only=False)
+                   for p in parts]
         texts = None
         if config.exact or config.fuzzy:
             got = [_raw_texts(data_root.raw_shard(s.key), contract.text_column) for s in shards_]
@@ -241,8 +243,7 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
         res = deduplicate(
             np.concatenate([p.embeddings for p in parts]),
             np.concatenate([np.asarray(p.quality, dtype=np.float64) for p in parts]),
-            np.concatenate([pc.cast(pa.array(p.ids), pa.string()).to_numpy(zero_copy_only=False)
-                            for p in parts]),
+            np.concatenate(ids_txt),
             np.concatenate([np.full(p.n, i) for i, p in enumerate(parts)]),
             np.concatenate([np.arange(p.n) for p in parts]), texts, exact=config.exact,
             fuzzy=config.fuzzy, containment=config.containment, near=config.near,
