@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from .common import loadavg, machine_info
-from .overhead import KEY, REPO, measured, shard_env, step_seconds
+from .overhead import KEY, REPO, measured, run_steps, shard_env
 
 CHAIN = "features,mask,selected_subset"
 
@@ -71,8 +71,7 @@ def run_chain(wd: Path, env: dict, config: dict, timeout_s: int) -> dict:
            json.dumps({"ops": {"mask": {"config": config}}})]
     r = measured(cmd, env, timeout_s=timeout_s)
     r["command"] = " ".join(cmd[:-1] + [f"'{cmd[-1]}'"])
-    log = r["stdout"] + r["stderr"]
-    r["steps_s"] = step_seconds(log)
+    r["steps_s"] = run_steps(wd)[1]
     return r
 
 

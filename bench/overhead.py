@@ -30,7 +30,6 @@ import datetime as _dt
 import json
 import os
 import pstats
-import re
 import shlex
 import shutil
 import statistics
@@ -157,23 +156,23 @@ def measured(cmd: list, env: dict, timeout_s: int = 1800) -> dict:
             "tail": (stderr or "")[-1500:] + (stdout or "")[-500:]}
 
 
-_STEP_DONE = re.compile(r' - (\S+) - STEP_SUCCESS - Finished execution of step "[^"]+" in '
-                        r'([0-9.hms]+)\.(?:\s|$)')
-_DURATION_PART = re.compile(r"([0-9.]+)(ms|h|m|s)")
+def run_steps(workdir: Path) -> tuple[int, dict]:
+    """The latest run's steps in the workdir's instance: how many started, and each finished
+    step's own duration in seconds (``duration_ms`` of its STEP_SUCCESS event). Read from
+    Dagster's event log rather than from the CLI's console lines, whose interleaving and duration
+    text are not a contract."""
+    import dagster as dg
 
-
-def _duration_s(text: str) -> float:
-    """Seconds of Dagster's ``format_duration`` text: ``5ms``, ``1.5s``, ``1m41s``, ``1h6m``."""
-    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-    parts = _DURATION_PART.findall(text)
-    if not parts or "".join(v + u for v, u in parts) != text:
-        raise ValueError(f"not a Dagster duration: {text!r}")
-    return sum(float(v) * scale[u] for v, u in parts)
-
-
-def step_seconds(log: str) -> dict:
-    """Each step's own duration from Dagster's STEP_SUCCESS lines."""
-    return {m.group(1): _duration_s(m.group(2)) for m in _STEP_DONE.finditer(log)}
+    with dg.DagsterInstance.from_config(str(Path(workdir) / "dagster_home")) as instance:
+        runs = instance.get_runs(limit=1)
+        if not runs:
+            return 0, {}
+        run_id = runs[0].run_id
+        started = instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_START)
+        done = instance.all_logs(run_id, of_type=dg.DagsterEventType.STEP_SUCCESS)
+        return len(started), {
+            e.dagster_event.step_key: round(e.dagster_event.event_specific_data.duration_ms / 1e3, 3)
+            for e in done}
 
 
 def mask_learn_s(workdir: Path) -> float | None:
@@ -205,9 +204,7 @@ def _run_dagster(shard: dict, cfg: dict, module: str = DEFS_MODULE) -> dict:
     r = measured(dagster_cmd(cfg, module), shard["env"])
     if r["rc"] != 0:
         raise RuntimeError(f"dagster asset materialize failed (exit {r['rc']}): {r['tail']}")
-    log = r["stdout"] + r["stderr"]
-    r["steps_s"] = step_seconds(log)
-    r["steps"] = len(re.findall(r" - STEP_START - ", log))
+    r["steps"], r["steps_s"] = run_steps(shard["workdir"])
     r["learn_s"] = mask_learn_s(shard["workdir"])
     return r
 
@@ -366,7 +363,7 @@ def profile(workdir: Path, rows: int, dim: int, n_epochs: int, n_rollout: int | 
                         "engine_cli": shlex.join([sys.executable, "-m", "cProfile", "-o", "cli.prof"]
                                                  + ccmd[1:])},
            "dagster": {"wall_s": round(dag["wall_s"], 3), "cpu_s": round(dag["cpu_s"], 3),
-                       "steps_s": step_seconds(dag["stdout"] + dag["stderr"]),
+                       "steps_s": run_steps(wd)[1],
                        **profile_parts(dag_prof)},
            "engine_cli": {"wall_s": round(cli["wall_s"], 3), "cpu_s": round(cli["cpu_s"], 3),
                           **profile_parts(cli_prof)}}

@@ -33,8 +33,10 @@ def test_overhead_rep_writes_json_and_report(tmp_path):
         assert len(rep[side]["loadavg_before"]) == 3, side
     # the chain is four steps in one process: the asset check is a step of its own
     assert rep["dagster"]["steps"] == 4
+    # each step's own duration, from the run's STEP_SUCCESS events in the instance
     assert set(rep["dagster"]["steps_s"]) == {"features", "validate_features", "mask",
                                              "selected_subset"}
+    assert all(0 < v < rep["dagster"]["wall_s"] for v in rep["dagster"]["steps_s"].values())
     for m in ("ratio_wall", "ratio_cpu", "ratio_learn", "fixed_extra_wall_s"):
         assert rep[m] is not None, m
         assert ov["summary"][m]["median"] == round(rep[m], 4), m
@@ -57,20 +59,6 @@ def test_profile_parts_names_the_engine_functions(tmp_path):
     assert 0 < parts["parts"]["read shard (engine read_shard)"] <= parts["total_s"] + 1e-3
     assert "learning (engine learn)" not in parts["parts"]
     assert len(parts["top_cumulative"]) <= 5
-
-
-def test_step_seconds_reads_dagster_step_lines():
-    log = ('2026-12-03 20:18:47 +0000 - dagster - DEBUG - __ASSET_JOB - 1a - 8205 - features - '
-           'STEP_SUCCESS - Finished execution of step "features" in 297ms.\n'
-           '2026-12-03 20:18:47 +0000 - dagster - DEBUG - __ASSET_JOB - 1a - 8205 - mask - '
-           'STEP_SUCCESS - Finished execution of step "mask" in 3.9s.\n'
-           '2026-12-03 20:18:47 +0000 - dagster - DEBUG - __ASSET_JOB - 1a - 8205 - big - '
-           'STEP_SUCCESS - Finished execution of step "big" in 46m12s.\n'
-           '2026-12-03 20:18:47 +0000 - dagster - DEBUG - __ASSET_JOB - 1a - 8205 - huge - '
-           'STEP_SUCCESS - Finished execution of step "huge" in 1h6m.\n')
-    # Dagster's format_duration past a minute: 46m12s, 1h6m (a 10^6-row mask step)
-    assert overhead.step_seconds(log) == {"features": 0.297, "mask": 3.9, "big": 2772.0,
-                                          "huge": 3960.0}
 
 
 def test_verdict_tells_every_rep_from_the_median():
