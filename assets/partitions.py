@@ -63,8 +63,8 @@ def raw_observations(scan: RawScan, keys) -> list:
 
 
 def register_shards(instance: dg.DagsterInstance, raw_root) -> dict:
-    """Register every shard under ``raw_root`` that is not yet a partition, and record its
-    ``raw_shard`` data version (so that automation sees a present, observed source).
+    """Register every shard under ``raw_root`` that is not yet a partition. No observation is
+    recorded: a new partition is newly missing, which is what automation launches on.
 
     Returns ``{"added": [keys], "existing": [keys], "invalid": [(uri, reason)]}``; files whose
     names are not valid keys are reported, never registered."""
@@ -73,8 +73,6 @@ def register_shards(instance: dg.DagsterInstance, raw_root) -> dict:
     added = [k for k in sorted(scan.shards) if k not in known]
     if added:
         instance.add_dynamic_partitions(PARTITIONS_NAME, added)
-        for obs in raw_observations(scan, added):
-            instance.report_runless_asset_event(obs)
     return {
         "added": added,
         "existing": sorted(k for k in scan.shards if k in known),

@@ -7,16 +7,24 @@ For each storage and each N, on fresh instances with N tiny raw files (the listi
 them), it times, ``--reps`` times each (median, min, max):
 
 - ``sensor_first_tick``: ``raw_shard_sensor`` on N new shards (listing, cursor, one partition
-  request and N ``raw_shard`` observations built): our code's part of a tick;
+  request; a new shard gets no observation): our code's part of a tick;
 - ``daemon_apply``: what the daemon then does with that result, the instance calls of
-  ``dagster/_daemon/sensor.py`` (N observations recorded, ``has_dynamic_partition`` per key,
-  one ``add_dynamic_partitions``): Dagster's part, one fresh instance per rep (one rep only
-  above ``--apply-reps-max-shards``: every rep records N events);
+  ``dagster/_daemon/sensor.py`` (``has_dynamic_partition`` per key, one
+  ``add_dynamic_partitions``; no event recorded): Dagster's part, one fresh instance per rep;
+- ``rewrite_apply``: the daemon's part when all N raw files were rewritten in place: N
+  ``raw_shard`` observations recorded (``report_runless_asset_event`` each, as the daemon does:
+  Dagster 1.13 has no batched call on that path). Measured up to ``--rewrite-max-shards``
+  (every rep records N events: minutes at 10,000), one rep per size, on a fresh instance;
 - ``sensor_steady_tick``: the sensor again with its cursor, nothing changed (our code);
-- ``automation_first``: ``dg.evaluate_automation_conditions`` on the product's ``defs`` right
-  after the N shards were observed (every chain requested), with the cursor of the evaluation
-  before them; ``automation_steady``: the next evaluation (nothing to do);
-- ``plan``: ``datamask_pipeline.plan.plan`` (the dry run; every shard missing).
+- ``automation_first`` / ``automation_steady``, per automation variant (``--variants``):
+  ``dg.evaluate_automation_conditions`` on the variant's definitions right after the N shards
+  were registered (every shard requested), with the cursor of the evaluation before them, and
+  the next evaluation (nothing to do). Variants: ``corpus`` (the product's default scope:
+  ``features`` and its checks automated), ``per_shard`` (the per-shard chain:
+  ``features``, ``mask``, ``shard_report``, ``selected_subset`` and the catalog), ``job``
+  (Dagster 1.13's preview job-level condition: no asset condition, ``features_job`` carries
+  ``any_job_root_assets_match`` of the shard condition);
+- ``plan``: ``datamask_pipeline.plan.plan`` (the dry run, corpus scope; every shard missing).
 
 The steady parts, the first automation evaluation and the plan run round-robin, one rep of
 each per round. Growth slopes are log-log between consecutive sizes of the medians. PostgreSQL
@@ -53,11 +61,19 @@ from bench.common import cpu_model, loadavg
 
 SCHEMA_VERSION = 1
 OUR_TICK_LIMIT_S = 10.0
-PARTS = ("sensor_first_tick", "sensor_steady_tick", "daemon_apply", "automation_first",
-         "automation_steady", "plan")
+VARIANTS = ("corpus", "per_shard", "job")
+BASE_PARTS = ("sensor_first_tick", "sensor_steady_tick", "daemon_apply", "rewrite_apply", "plan")
+
+
+def parts(variants=VARIANTS) -> tuple:
+    return BASE_PARTS + tuple(f"automation_{w}[{v}]" for v in variants
+                              for w in ("first", "steady"))
+
+
+PARTS = parts()
 OURS = ("sensor_first_tick", "sensor_steady_tick")  # our code's part of a tick
-BROWSER_SKIPPED = ("not measured: an instance with N shards needs N recorded observations "
-                   "first (daemon_apply: minutes at 10,000), see REPORT_orchestration.md")
+BROWSER_SKIPPED = ("not measured: an instance with N shards needs N runs' worth of "
+                   "materializations first, see REPORT_orchestration.md")
 T0 = datetime(2026, 12, 3, 1, 5, tzinfo=timezone.utc)  # evaluations stay inside one hour
 RESULTS = Path(__file__).resolve().parent / "results"
 _FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
@@ -79,7 +95,7 @@ def slopes(rows: list) -> dict:
     """{part: [{from, to, slope}]}: log-log slope of the medians between consecutive sizes."""
     out = {}
     for part in PARTS:
-        pts = [(r["shards"], r[part]["median_s"]) for r in rows if part in r]
+        pts = [(r["shards"], r[part]["median_s"]) for r in rows if r.get(part)]
         out[part] = [{"from": n1, "to": n2, "slope": math.log(t2 / t1) / math.log(n2 / n1)}
                      for (n1, t1), (n2, t2) in zip(pts, pts[1:]) if t1 > 0 and t2 > 0]
     return out
@@ -215,33 +231,73 @@ def evaluate(instance, defs, cursor, at):
     return dg.evaluate_automation_conditions(defs, instance, cursor=cursor, evaluation_time=at)
 
 
+def variant_defs(variant: str) -> dg.Definitions:
+    """The definitions of an automation variant (see the module doc)."""
+    from datamask_pipeline import automation, definitions
+
+    if variant in automation.SCOPES:
+        return definitions.make_defs(variant)
+    if variant != "job":
+        raise ValueError(f"unknown variant {variant!r} ({', '.join(VARIANTS)})")
+    from assets.ingest import features
+    from assets.validate import validate_features
+
+    plain = [a.with_attributes(backfill_policy=automation.BACKFILL_POLICY)
+             if isinstance(a, dg.AssetsDefinition) and a.partitions_def is not None
+             and not a.is_observable else a for a in definitions.SHARD_ASSETS]
+    job = dg.define_asset_job(
+        "features_job", selection=dg.AssetSelection.assets(features),
+        automation_condition=dg.AutomationCondition.any_job_root_assets_match(
+            automation.shard_condition()))
+    return dg.Definitions(assets=plain + definitions.CORPUS_ASSETS,
+                          asset_checks=[validate_features], jobs=[job],
+                          resources=definitions.resources_from_env())
+
+
 def requested(result, defs) -> dict:
+    """{asset: partitions requested} and, for job conditions, {"job:<name>": runs}."""
+    from dagster._core.definitions.asset_key import AssetJobKey
+
     out = {}
     for key in defs.resolve_asset_graph().get_all_asset_keys():
         n = result.get_num_requested(key)
         if n:
             out[key.to_user_string()] = n
+    for r in result.results:
+        if isinstance(r.key, AssetJobKey) and r.true_subset.size:
+            out[f"job:{r.key.job_name}"] = r.true_subset.size
     return out
 
 
-def measure(n: int, make_instance, workdir: Path, reps: int = 3, apply_reps: int | None = None
-            ) -> dict:
+def rewrite_all(instance, data_root, keys, cursor) -> dg.SensorResult:
+    """Every raw file rewritten in place (new mtime): the sensor's tick that observes them."""
+    later = time.time() + 120
+    for k in keys:
+        os.utime(data_root.raw_shard(k), (later, later))
+    return sensor_tick(instance, data_root, cursor)
+
+
+def measure(n: int, make_instance, workdir: Path, reps: int = 3, apply_reps: int | None = None,
+            variants=VARIANTS, rewrite: bool = True) -> dict:
     """Every part at N shards on instances from ``make_instance(home)`` (a context manager).
-    ``daemon_apply`` gets ``apply_reps`` fresh instances (default ``reps``)."""
+    ``daemon_apply`` gets ``apply_reps`` fresh instances (default ``reps``); ``rewrite_apply``
+    one more (one rep) when ``rewrite``."""
     apply_reps = reps if apply_reps is None else apply_reps
     from datamask_pipeline import plan as plan_mod
-    from datamask_pipeline.definitions import defs
     from resources.storage import DataRoot
 
+    defs = {v: variant_defs(v) for v in variants}
     root = Path(tempfile.mkdtemp(prefix=f"n{n}-", dir=workdir))
     keys = make_raw(root, n)
     data_root = DataRoot(root=str(root))
-    row = {"shards": n, "loadavg_start": loadavg(), "apply_reps": apply_reps}
-    times = {p: [] for p in PARTS}
+    row = {"shards": n, "loadavg_start": loadavg(), "apply_reps": apply_reps,
+           "variants": list(variants)}
+    times = {p: [] for p in parts(variants)}
 
     with contextlib.ExitStack() as stack:
         # daemon_apply: one fresh instance per rep (it changes the instance); the last one
         # carries on for the other parts.
+        cursor0 = {}
         for rep in range(apply_reps):
             home = tempfile.mkdtemp(prefix="home-", dir=root)
             inst = stack.enter_context(make_instance(home)) if rep == apply_reps - 1 else None
@@ -252,36 +308,47 @@ def measure(n: int, make_instance, workdir: Path, reps: int = 3, apply_reps: int
                     inst_r = inst
                     # the evaluation before the shards exist: its cursor is what the daemon
                     # carries into the evaluation right after them
-                    cursor0 = evaluate(inst_r, defs, None, T0).cursor
+                    cursor0 = {v: evaluate(inst_r, d, None, T0).cursor for v, d in defs.items()}
                     for _ in range(reps):  # first ticks change nothing: repeat them here
                         t, first = _timed(lambda: sensor_tick(inst_r, data_root))
                         times["sensor_first_tick"].append(t)
                 first = sensor_tick(inst_r, data_root)
-                assert len(first.asset_events) == n, "every new shard is observed"
+                assert not first.asset_events, "a new shard is registered, not observed"
+                assert list(first.dynamic_partitions_requests[0].partition_keys) == keys
                 t, _ = _timed(lambda: daemon_apply(inst_r, first))
                 times["daemon_apply"].append(t)
         assert sorted(inst.get_dynamic_partitions("shards")) == keys
 
-        steady_cursor, cursor1, got, to_run = first.cursor, None, {}, None
+        steady_cursor, to_run = first.cursor, None
+        row["requested_first"], row["requested_steady"] = {}, {}
         for rep in range(reps):  # round-robin
             at = T0 + timedelta(seconds=60 * (2 * rep + 1))
-            t, res = _timed(lambda: evaluate(inst, defs, cursor0, at))
-            times["automation_first"].append(t)
-            cursor1, got = res.cursor, requested(res, defs)
-            t, res2 = _timed(lambda: evaluate(inst, defs, cursor1, at + timedelta(seconds=60)))
-            times["automation_steady"].append(t)
-            row["requested_steady"] = requested(res2, defs)
+            for v, d in defs.items():
+                t, res = _timed(lambda: evaluate(inst, d, cursor0[v], at))
+                times[f"automation_first[{v}]"].append(t)
+                cursor1, row["requested_first"][v] = res.cursor, requested(res, d)
+                t, res2 = _timed(lambda: evaluate(inst, d, cursor1, at + timedelta(seconds=60)))
+                times[f"automation_steady[{v}]"].append(t)
+                row["requested_steady"][v] = requested(res2, d)
             t, tick = _timed(lambda: sensor_tick(inst, data_root, steady_cursor))
             times["sensor_steady_tick"].append(t)
             assert not tick.asset_events and not tick.dynamic_partitions_requests
-            t, p = _timed(lambda: plan_mod.plan(inst, data_root))
+            t, p = _timed(lambda: plan_mod.plan(inst, data_root, scope="corpus"))
             times["plan"].append(t)
             to_run = len(p.reasons)
-        row["requested_first"] = got
         row["plan_to_run"] = to_run
+        if rewrite:
+            # a fresh instance with the N shards registered; then every file is rewritten
+            with make_instance(tempfile.mkdtemp(prefix="home-rw-", dir=root)) as inst_w:
+                tick = sensor_tick(inst_w, data_root)
+                daemon_apply(inst_w, tick)
+                again = rewrite_all(inst_w, data_root, keys, tick.cursor)
+                assert len(again.asset_events) == n, "every rewritten shard is observed"
+                t, _ = _timed(lambda: daemon_apply(inst_w, again))
+                times["rewrite_apply"].append(t)
     shutil.rmtree(root, ignore_errors=True)
-    for part in PARTS:
-        row[part] = _stats(times[part])
+    for part, ts in times.items():
+        row[part] = _stats(ts) if ts else None
     row["ours_max_median_s"] = max(row[p]["median_s"] for p in OURS)
     row["loadavg_end"] = loadavg()
     return row
@@ -316,14 +383,22 @@ def main(argv=None) -> int:
     ap.add_argument("--shards", default="100,1000,10000")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--storages", default="sqlite,postgres")
-    ap.add_argument("--apply-reps-max-shards", type=int, default=1000,
-                    help="above this N, daemon_apply is timed on one instance (each rep records "
-                    "N events: minutes at 10,000)")
+    ap.add_argument("--apply-reps-max-shards", type=int, default=10000,
+                    help="above this N, daemon_apply is timed on one fresh instance only")
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="automation variants to evaluate: " + ", ".join(VARIANTS))
+    ap.add_argument("--rewrite-max-shards", type=int, default=1000,
+                    help="measure rewrite_apply (N observations recorded, one rep) up to this N "
+                    "(minutes at 10,000)")
     ap.add_argument("--workdir", default=_FAST_TMP, help="where SQLite instances and raw files "
                     "go (default: /dev/shm, as the tests: SQLite syncs every event on a disk)")
     ap.add_argument("--out", default=str(RESULTS))
     a = ap.parse_args(argv)
     sizes = [int(x) for x in a.shards.split(",")]
+    variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
+    for v in variants:
+        if v not in VARIANTS:
+            ap.error(f"--variants: unknown variant {v!r} ({', '.join(VARIANTS)})")
     storages = [s.strip() for s in a.storages.split(",") if s.strip()]
     for s in storages:
         if s not in ("sqlite", "postgres"):
@@ -349,7 +424,8 @@ def main(argv=None) -> int:
         "settings": {"shards": sizes, "reps": a.reps, "refresh_cron": automation.refresh_cron(),
                      "catalog_cron": automation.catalog_cron(),
                      "our_tick_limit_s": OUR_TICK_LIMIT_S, "ours": list(OURS),
-                     "apply_reps_max_shards": a.apply_reps_max_shards},
+                     "apply_reps_max_shards": a.apply_reps_max_shards,
+                     "variants": list(variants), "rewrite_max_shards": a.rewrite_max_shards},
         "storages": {},
         "before": _before(),
     }
@@ -374,13 +450,15 @@ def main(argv=None) -> int:
                 make = sqlite_instance
             for n in sizes:
                 row = measure(n, make, workdir, reps=a.reps,
-                              apply_reps=a.reps if n <= a.apply_reps_max_shards else 1)
+                              apply_reps=a.reps if n <= a.apply_reps_max_shards else 1,
+                              variants=variants, rewrite=n <= a.rewrite_max_shards)
                 cell["rows"].append(row)
                 cell["slopes"] = slopes(cell["rows"])
                 cell["ours_under_limit"] = all(r["ours_max_median_s"] < OUR_TICK_LIMIT_S
                                                for r in cell["rows"])
                 print(json.dumps({"storage": storage, **{k: row[k] for k in ("shards",)},
-                                  **{p: round(row[p]["median_s"], 3) for p in PARTS}}),
+                                  **{p: round(row[p]["median_s"], 3)
+                                     for p in parts(variants) if row.get(p)}}),
                       flush=True)
                 res["total_s"] = time.perf_counter() - start
                 _write(out, res)

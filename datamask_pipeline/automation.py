@@ -1,19 +1,33 @@
-"""Declarative automation: every trigger of the per-shard chain and of the catalog, in one place.
+"""Declarative automation: every trigger of the per-shard steps and of the catalog, in one place.
 
 Dagster's own automation decides what runs (``AutomationCondition``s, evaluated by the
 ``datamask_automation`` sensor of the daemon); nothing here lists files or compares
-timestamps. Who triggers what (each trigger has one owner, and ``~in_progress`` keeps a shard
-that is already running, from any source, from being launched twice):
+timestamps. What it automates is a setting, ``DATAMASK_AUTOMATION``:
+
+- ``corpus`` (default): a new or rewritten shard gets its ``features`` and their checks, and
+  nothing else. The selection is the corpus stage's (``corpus_job``, launched by you or your
+  schedule): a new file does not re-select the corpus, whose budget and rows it shares.
+- ``per_shard``: the paper's per-shard chain (``features`` + checks → ``mask`` →
+  ``shard_report`` → ``selected_subset``) and the hourly catalog (``corpus_summary``).
+
+One automated key per shard instead of four is also what keeps the daemon's evaluation short
+at 10,000 shards (``bench/results/REPORT_orchestration.md``).
+
+Who triggers what (each trigger has one owner, and ``~in_progress`` keeps a shard that is
+already running, from any source, from being launched twice):
 
 =====================================  ===========================================================
-new shard (registered + observed by    ``eager``: the shard's partition of ``features`` becomes
-``raw_shard_sensor`` or ``register``)  newly missing, so the chain of that shard is requested
-raw file rewritten (new ``raw_shard``  ``eager``: a dependency updated, so the chain of that
-data version: size + mtime)            shard only is requested
+new shard (registered by               ``eager``: the shard's partition of ``features`` is newly
+``raw_shard_sensor`` or ``register``)  missing, so its automated steps are requested. A new shard
+                                       needs no ``raw_shard`` observation (``features`` ignores
+                                       the source when it asks whether a dependency is missing),
+                                       so registering 10,000 shards records no 10,000 events
+raw file rewritten (new ``raw_shard``  ``eager``: a dependency updated, so the automated steps
+observation: size + mtime changed)     of that shard only are requested
 cron refresh (``DATAMASK_REFRESH_CRON``,  at each tick: every shard whose output is missing, or
 off by default)                        whose asset's code version changed since its last run
 UI / CLI launch                        you; automation will not launch a shard while it runs
-corpus catalog                         at each ``DATAMASK_CATALOG_CRON`` tick (hourly by
+corpus catalog (``per_shard`` only)    at each ``DATAMASK_CATALOG_CRON`` tick (hourly by
                                        default) when any shard's selection changed
 =====================================  ===========================================================
 
@@ -51,8 +65,24 @@ from . import settings
 AC = dg.AutomationCondition
 
 AUTOMATION_SENSOR = "datamask_automation"
+SCOPES = ("corpus", "per_shard")
+DEFAULT_SCOPE = "corpus"
+# the per-shard steps each scope automates (the others carry no condition)
+AUTOMATED = {"corpus": ("features",),
+             "per_shard": ("features", "mask", "shard_report", "selected_subset")}
+RAW_SHARD = dg.AssetKey("raw_shard")
 BACKFILL_POLICY = dg.BackfillPolicy.multi_run(max_partitions_per_run=1)
 DEFAULT_CATALOG_CRON = "0 * * * *"
+
+
+def env_scope() -> str:
+    """What automation launches (env ``DATAMASK_AUTOMATION``): ``corpus`` (default) or
+    ``per_shard``; anything else is refused, naming the variable."""
+    value = (os.environ.get(settings.ENV_AUTOMATION) or "").strip() or DEFAULT_SCOPE
+    if value not in SCOPES:
+        raise ValueError(f"{settings.ENV_AUTOMATION}={value!r}: must be one of "
+                         f"{', '.join(SCOPES)} (default {DEFAULT_SCOPE})")
+    return value
 
 
 def refresh_cron() -> str | None:
@@ -64,13 +94,20 @@ def catalog_cron() -> str:
     return (os.environ.get(settings.ENV_CATALOG_CRON) or "").strip() or DEFAULT_CATALOG_CRON
 
 
+def deps_missing() -> dg.AutomationCondition:
+    """``any_deps_missing``, where a raw shard that was registered but never observed does not
+    count as missing: a new shard needs no observation (the sensor records one only when a
+    file is rewritten)."""
+    return AC.any_deps_missing().ignore(dg.AssetSelection.assets(RAW_SHARD))
+
+
 def scheduled_refresh(cron: str) -> dg.AutomationCondition:
     """At each tick of ``cron``: the partition is missing, or its asset's code version changed
     since the partition was last requested or updated; its dependencies are present and idle."""
     return (
         AC.cron_tick_passed(cron).since_last_handled()
         & (AC.missing() | AC.code_version_changed().since_last_handled())
-        & ~AC.any_deps_missing()
+        & ~deps_missing()
         & ~AC.any_deps_in_progress()
         & ~AC.in_progress()
     ).with_label(f"scheduled refresh ({cron})")
@@ -80,7 +117,7 @@ def shard_condition(refresh: str | None = None) -> dg.AutomationCondition:
     """The condition of every per-shard asset: ``eager`` (new shard, new raw version, an
     upstream step re-materialized), or the scheduled refresh when a cron is given; never while
     a dependency's blocking check failed."""
-    cond = AC.eager()
+    cond = AC.eager().replace("any_deps_missing", deps_missing())
     if refresh:
         cond = cond | scheduled_refresh(refresh)
     return (cond & AC.all_deps_blocking_checks_passed()).with_label(
@@ -127,14 +164,15 @@ def freshness_policy() -> dg.FreshnessPolicy | None:
     return dg.FreshnessPolicy.time_window(fail_window=timedelta(hours=hours))
 
 
-def automate(assets: list) -> list:
+def automate(assets: list, scope: str | None = None) -> list:
     """``automate_with`` the crons of the environment (``DATAMASK_REFRESH_CRON``,
-    ``DATAMASK_CATALOG_CRON``) and its freshness setting (``DATAMASK_FRESHNESS_HOURS``).
+    ``DATAMASK_CATALOG_CRON``), its freshness setting (``DATAMASK_FRESHNESS_HOURS``) and
+    ``scope`` (default: ``DATAMASK_AUTOMATION``).
     Called once when the definitions load: in a ``dagster``/``dg`` command without
     ``DAGSTER_HOME`` it also warns and names the fix (``settings.warn_without_dagster_home``)."""
     settings.warn_without_dagster_home()
     return automate_with(assets, refresh=refresh_cron(), catalog=catalog_cron(),
-                         freshness=freshness_policy())
+                         freshness=freshness_policy(), scope=scope or env_scope())
 
 
 def _with_freshness(a: dg.AssetsDefinition, policy: dg.FreshnessPolicy | None):
@@ -146,11 +184,14 @@ def _with_freshness(a: dg.AssetsDefinition, policy: dg.FreshnessPolicy | None):
 
 def automate_with(assets: list, refresh: str | None = None,
                   catalog: str = DEFAULT_CATALOG_CRON,
-                  freshness: dg.FreshnessPolicy | None = None) -> list:
+                  freshness: dg.FreshnessPolicy | None = None,
+                  scope: str = DEFAULT_SCOPE) -> list:
     """``assets`` with their automation conditions and backfill policies: the shard condition
-    and ``BACKFILL_POLICY`` on every partitioned asset, the catalog condition on the
-    unpartitioned ones; source assets (``raw_shard``) unchanged. An asset that declares a
+    on the partitioned assets that ``scope`` automates (``AUTOMATED``) and ``BACKFILL_POLICY``
+    on every partitioned asset; the catalog condition on the unpartitioned ones when the scope
+    is ``per_shard``; source assets (``raw_shard``) unchanged. An asset that declares a
     freshness policy gets ``freshness`` instead (None: no policy; see the module doc)."""
+    automated = AUTOMATED[scope]
     out = []
     for a in assets:
         if not isinstance(a, dg.AssetsDefinition) or not a.is_executable or a.is_observable:
@@ -158,8 +199,11 @@ def automate_with(assets: list, refresh: str | None = None,
             continue
         a = _with_freshness(a, freshness)
         if a.partitions_def is not None:
-            out.append(a.with_attributes(automation_condition=shard_condition(refresh),
-                                         backfill_policy=BACKFILL_POLICY))
-        else:
+            if a.key.to_user_string() in automated:
+                a = a.with_attributes(automation_condition=shard_condition(refresh))
+            out.append(a.with_attributes(backfill_policy=BACKFILL_POLICY))
+        elif scope == "per_shard":
             out.append(a.with_attributes(automation_condition=catalog_condition(catalog)))
+        else:
+            out.append(a)
     return out

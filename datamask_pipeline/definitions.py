@@ -55,23 +55,31 @@ def _executor():
 
 # The corpus dedup and selection are launched by hand or as corpus_job, never by a new file
 # alone (a re-selection touches every shard's share); corpus_subset follows it eagerly.
-ASSETS = automate([raw_shard, features, mask, shard_report, selected_subset, corpus_summary]) + [
+SHARD_ASSETS = [raw_shard, features, mask, shard_report, selected_subset, corpus_summary]
+CORPUS_ASSETS = [
     corpus_dedup,
     corpus_selection,
     corpus_subset.with_attributes(automation_condition=dg.AutomationCondition.eager()),
 ]
 
-defs = dg.Definitions(
-    assets=ASSETS,
-    asset_checks=[validate_features],
-    jobs=[datamask_job, datamask_upstream_job, datamask_cpu_demo_job, corpus_summary_job,
-          features_job, corpus_job],
-    sensors=[raw_shard_sensor, shard_failure_sensor,
-             automation_sensor(dg.AssetSelection.all() - dg.AssetSelection.assets(raw_shard.key))],
-    resources=resources_from_env(),
-    # The chain is strictly sequential (features -> checks -> mask -> subset), so separate
-    # step processes would buy no parallelism and cost a re-import (dagster, torch) per step.
-    # Partitions run in parallel as separate runs; the "gpu" pool still limits mask steps.
-    # On Kubernetes (DATAMASK_EXECUTOR=k8s, set by deploy/) every step is its own pod.
-    executor=_executor(),
-)
+
+def make_defs(scope: str | None = None) -> dg.Definitions:
+    """The definitions, with automation's ``scope`` (default: ``DATAMASK_AUTOMATION``, see
+    ``automation``). ``defs`` below is the one every command loads."""
+    return dg.Definitions(
+        assets=automate(SHARD_ASSETS, scope=scope) + CORPUS_ASSETS,
+        asset_checks=[validate_features],
+        jobs=[datamask_job, datamask_upstream_job, datamask_cpu_demo_job, corpus_summary_job,
+              features_job, corpus_job],
+        sensors=[raw_shard_sensor, shard_failure_sensor,
+                 automation_sensor(dg.AssetSelection.all() - dg.AssetSelection.assets(raw_shard.key))],
+        resources=resources_from_env(),
+        # The chain is strictly sequential (features -> checks -> mask -> subset), so separate
+        # step processes would buy no parallelism and cost a re-import (dagster, torch) per
+        # step. Partitions run in parallel as separate runs; the "gpu" pool still limits mask
+        # steps. On Kubernetes (DATAMASK_EXECUTOR=k8s, set by deploy/) every step is its own pod.
+        executor=_executor(),
+    )
+
+
+defs = make_defs()

@@ -3,10 +3,12 @@
     python -m datamask_pipeline.plan [--json | --keys] [--limit N]
 
 Dagster's automation (``datamask_pipeline/automation.py``) decides what runs; this command
-only reads. It lists every registered shard whose selection is missing or out of date, with
-the reason (first found wins):
+only reads, and plans the steps that automation's scope (``DATAMASK_AUTOMATION``) launches:
+``features`` alone under ``corpus`` (the default), ``features`` → ``mask`` →
+``selected_subset`` under ``per_shard``. It lists every registered shard whose last automated
+step is missing or out of date, with the reason (first found wins):
 
-1. no ``selected_subset`` materialization (missing), or an upstream step never materialized;
+1. no materialization of the last step (missing), or an upstream step never materialized;
 2. an upstream output is newer than what was built from it (``features`` after ``mask``,
    ``mask`` after ``selected_subset``);
 3. the code version recorded on a materialization differs from the code's current
@@ -50,10 +52,14 @@ from assets.learn import mask
 from assets.partitions import PARTITIONS_NAME, scan_raw
 from assets.select import selected_subset
 from assets.validate import latest_check_status
+from datamask_pipeline import automation
 from datamask_pipeline.engine import storage
 from resources.storage import DataRoot
 
 CHAIN = (features, mask, selected_subset)
+# the steps each automation scope launches for a shard (automation.AUTOMATED, without the
+# report, which nothing downstream waits for)
+CHAINS = {"corpus": (features,), "per_shard": CHAIN}
 ID_CHUNK = 1000  # storage ids per event-log query
 
 
@@ -102,6 +108,7 @@ class Plan:
     rows_estimated: list = field(default_factory=list)  # keys whose rows are estimated
     seconds_per_row: float | None = None  # median over this instance's mask runs
     mask_runs_measured: int = 0
+    scope: str = "per_shard"  # automation's scope this plan follows
 
     @property
     def total_rows(self) -> int:
@@ -109,7 +116,7 @@ class Plan:
 
     @property
     def gpu_hours(self) -> float | None:
-        if self.seconds_per_row is None:
+        if self.scope != "per_shard" or self.seconds_per_row is None:
             return None
         return self.total_rows * self.seconds_per_row / 3600.0
 
@@ -119,33 +126,41 @@ class Plan:
         return out
 
 
+_MISSING = {"features": "missing: no features yet",
+            "selected_subset": "missing: no selected subset yet"}
+_AFTER = {("features", "mask"): "stale: features were re-materialized after the mask",
+          ("mask", "selected_subset"):
+              "stale: the mask was re-materialized after the selected subset"}
+
+
 def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
-                  records: dict | None = None) -> dict:
-    """{key: why the shard needs a run} for every shard of ``keys`` that does (up-to-date ones
-    are left out). Three event-log queries per asset (not per shard) and one listing each of
-    the raw and the selected location, whatever the number of shards."""
+                  records: dict | None = None, chain=CHAIN) -> dict:
+    """{key: why the shard needs a run of ``chain``} for every shard of ``keys`` that does
+    (up-to-date ones are left out). Three event-log queries per asset (not per shard) and one
+    listing each of the raw and the selected location, whatever the number of shards."""
     keys = list(keys)
-    recs = records or {a.key: _latest_records(instance, a.key, keys) for a in CHAIN}
+    recs = records or {a.key: _latest_records(instance, a.key, keys) for a in chain}
     try:
         raw = scan_raw(data_root.raw_root).files
     except storage.StorageError:
         raw = {}
-    selected = _selected_files(data_root)
-    current = {a.key: _code_version(a) for a in CHAIN}
+    selected = _selected_files(data_root) if selected_subset in chain else None
+    current = {a.key: _code_version(a) for a in chain}
+    names = [a.key.to_user_string() for a in chain]
     out = {}
     for key in keys:
-        feats, msk, sel = (recs[a.key].get(key) for a in CHAIN)
-        if sel is None:
-            out[key] = "missing: no selected subset yet"
-        elif feats is None or msk is None:
+        got = [recs[a.key].get(key) for a in chain]
+        feats = got[0]
+        if got[-1] is None:
+            out[key] = _MISSING[names[-1]]
+        elif any(r is None for r in got):
             out[key] = "missing: an upstream step was never materialized"
-        elif feats.storage_id > msk.storage_id:
-            out[key] = "stale: features were re-materialized after the mask"
-        elif msk.storage_id > sel.storage_id:
-            out[key] = "stale: the mask was re-materialized after the selected subset"
+        elif after := next((_AFTER[(names[i], names[i + 1])] for i in range(len(got) - 1)
+                            if got[i].storage_id > got[i + 1].storage_id), None):
+            out[key] = after
         else:
             reason = None
-            for asset_def, rec in zip(CHAIN, (feats, msk, sel)):
+            for asset_def, rec in zip(chain, got):
                 got = rec.asset_materialization.tags.get("dagster/code_version")
                 if got != current[asset_def.key]:
                     reason = (f"stale: code version of {asset_def.key.to_user_string()} changed "
@@ -153,7 +168,7 @@ def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
                     break
             if reason is None and key in raw and raw[key][1] / 1e9 > feats.timestamp:
                 reason = "stale: the raw shard was modified after ingestion"
-            if reason is None and key not in selected:
+            if reason is None and selected is not None and key not in selected:
                 reason = "missing: the selected parquet file is gone"
             if reason is not None:
                 out[key] = reason
@@ -180,18 +195,22 @@ def blocked_by_checks(instance: dg.DagsterInstance, keys, features_records: dict
     return out
 
 
-def plan(instance: dg.DagsterInstance, data_root: DataRoot) -> Plan:
-    """The dry run: what needs a run and what it would cost (see the module doc)."""
+def plan(instance: dg.DagsterInstance, data_root: DataRoot, scope: str | None = None) -> Plan:
+    """The dry run: what automation's ``scope`` (default: ``DATAMASK_AUTOMATION``) would run
+    and what it would cost (see the module doc)."""
+    scope = scope or automation.env_scope()
     keys = sorted(instance.get_dynamic_partitions(PARTITIONS_NAME))
     recs = {a.key: _latest_records(instance, a.key, keys) for a in CHAIN}
-    reasons = stale_reasons(instance, keys, data_root, records=recs)
+    reasons = stale_reasons(instance, keys, data_root, records=recs, chain=CHAINS[scope])
     try:
         raw = scan_raw(data_root.raw_root).files
     except storage.StorageError:
         raw = {}
-    blocked = blocked_by_checks(instance, list(reasons), recs[features.key], raw)
+    # every ingested shard (not only those listed): under the corpus scope a shard whose checks
+    # failed has its features and is listed nowhere else, yet the corpus selection leaves it out
+    blocked = blocked_by_checks(instance, keys, recs[features.key], raw)
     reasons = {k: r for k, r in reasons.items() if k not in blocked}
-    out = Plan(registered=len(keys), reasons=reasons, blocked=blocked)
+    out = Plan(registered=len(keys), reasons=reasons, blocked=blocked, scope=scope)
 
     rows = {k: _meta(r, "dagster/row_count") for k, r in recs[features.key].items()}
     rows = {k: int(v) for k, v in rows.items() if v is not None}
@@ -285,7 +304,9 @@ def render_corpus(c: dict, limit: int = 20) -> str:
 
 
 def render(p: Plan, limit: int = 20) -> str:
-    lines = [f"{len(p.reasons)} of {p.registered} registered shard(s) need a run"]
+    steps = " -> ".join(a.key.to_user_string() for a in CHAINS[p.scope])
+    lines = [f"{len(p.reasons)} of {p.registered} registered shard(s) need a run of {steps} "
+             f"(automation scope {p.scope}, DATAMASK_AUTOMATION)"]
     for key in sorted(p.reasons)[:limit]:
         rows = p.rows.get(key)
         est = " (estimated)" if key in p.rows_estimated else ""
@@ -300,7 +321,11 @@ def render(p: Plan, limit: int = 20) -> str:
             lines.append(f"  {key}: failed {', '.join(p.blocked[key])}")
         if len(p.blocked) > limit:
             lines.append(f"  ... and {len(p.blocked) - limit} more (--limit, --json)")
-    if p.gpu_hours is None:
+    if p.scope != "per_shard":
+        lines.append(f"estimated cost: features of {p.total_rows:,} rows (CPU: embeddings and "
+                     "quality where missing, and the checks); no device-hours: the selection is "
+                     "the corpus stage's, planned below")
+    elif p.gpu_hours is None:
         lines.append(f"estimated cost: unknown ({p.total_rows:,} rows known; no mask run on this "
                      "instance to measure seconds per row yet)")
     else:

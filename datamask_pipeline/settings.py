@@ -20,6 +20,9 @@ Every default is a local path under the repository, so a newcomer needs no confi
 ``DATAMASK_EMBEDDING_COLUMN``
 ``DATAMASK_QUALITY_SCORER``  the scorer of shards without a quality column (default
                             ``heuristic``; ``''``: quality required; see ``engine.quality``)
+``DATAMASK_AUTOMATION``    what automation launches for a new or rewritten shard: ``corpus``
+                            (default: its features and checks) or ``per_shard`` (the paper's
+                            per-shard chain and the catalog); see ``automation``
 ``DATAMASK_REFRESH_CRON``  cron of the scheduled refresh of missing / code-changed shards
                             (one backfill per tick); unset (default): off
 ``DATAMASK_CATALOG_CRON``  cron of the catalog rebuild when shards changed (default hourly)
@@ -75,6 +78,7 @@ ENV_QUALITY_COLUMNS = "DATAMASK_QUALITY_COLUMNS"
 ENV_QUALITY_WEIGHTS = "DATAMASK_QUALITY_WEIGHTS"
 ENV_EMBEDDING_COLUMN = "DATAMASK_EMBEDDING_COLUMN"
 ENV_QUALITY_SCORER = "DATAMASK_QUALITY_SCORER"
+ENV_AUTOMATION = "DATAMASK_AUTOMATION"
 ENV_REFRESH_CRON = "DATAMASK_REFRESH_CRON"
 ENV_CATALOG_CRON = "DATAMASK_CATALOG_CRON"
 ENV_AUTOMATION_INTERVAL = "DATAMASK_AUTOMATION_INTERVAL_S"

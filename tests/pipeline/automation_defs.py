@@ -17,7 +17,7 @@ REFRESH = "0 3 * * *"
 
 defs = dg.Definitions(
     assets=automation.automate_with(
-        [raw_shard, features, mask, shard_report, selected_subset, corpus_summary], refresh=REFRESH),
+        [raw_shard, features, mask, shard_report, selected_subset, corpus_summary], refresh=REFRESH, scope="per_shard"),
     asset_checks=[validate_features],
     sensors=[automation.automation_sensor(dg.AssetSelection.all()
                                           - dg.AssetSelection.assets(raw_shard.key))],

@@ -12,7 +12,7 @@ import pytest
 
 from assets.ingest import features, raw_shard
 from assets.learn import mask
-from assets.partitions import PARTITIONS_NAME
+from assets.partitions import PARTITIONS_NAME, register_shards
 from assets.report import corpus_summary
 from assets.select import selected_subset
 from assets.shard_report import shard_report
@@ -30,13 +30,13 @@ FULL = dg.AssetSelection.assets(*SHARD_ASSETS)
 T0 = datetime(2026, 12, 3, 1, 0, tzinfo=timezone.utc)
 
 
-def _defs(resources, refresh=None, mask_def=mask):
+def _defs(resources, refresh=None, mask_def=mask, scope="per_shard"):
     """The product's assets under automation, with an optional refresh cron."""
     return dg.Definitions(
         resources=resources,
         assets=automation.automate_with(
             [raw_shard, features, mask_def, shard_report, selected_subset, corpus_summary],
-            refresh=refresh),
+            refresh=refresh, scope=scope),
         asset_checks=[validate_features])
 
 
@@ -67,8 +67,9 @@ def test_new_and_rewritten_shards_launch_their_chain_and_nothing_else(instance, 
                                                                       run_chain, resources):
     ev = Evaluator(instance, _defs(resources))
     assert ev(T0) == {}
-    # the sensor registers and observes the three new shards
+    # the sensor registers the three new shards (no observation: a new shard is newly missing)
     first = _tick(instance, data_root)
+    assert not first.asset_events
     _apply(instance, first)
     assert ev(T0 + timedelta(minutes=1)) == _chain(KEYS)  # each new shard's whole chain
     assert ev(T0 + timedelta(minutes=2)) == {}  # requested once, not again
@@ -132,15 +133,55 @@ def test_without_a_refresh_cron_a_code_change_launches_nothing(instance, registe
         assert got == {}
 
 
-def test_product_definitions_carry_the_automation():
-    from datamask_pipeline.definitions import defs
+def test_corpus_scope_launches_features_and_checks_only(instance, corpus, data_root, run_chain,
+                                                         resources):
+    """The default scope: a new or rewritten shard gets its features and checks, never a mask
+    (the selection is the corpus stage's), and no catalog."""
+    ev = Evaluator(instance, _defs(resources, scope="corpus"))
+    assert ev(T0) == {}
+    first = _tick(instance, data_root)
+    _apply(instance, first)
+    r = dg.evaluate_automation_conditions(ev.defs, instance, cursor=ev.cursor,
+                                          evaluation_time=T0 + timedelta(minutes=1))
+    ev.cursor = r.cursor
+    assert sorted(r.get_requested_partitions(features.key)) == sorted(KEYS)
+    checks = {k for k in ev.defs.resolve_asset_graph().asset_check_keys}
+    got = {x.key: x.true_subset.size for x in r.results if x.key in checks}
+    assert checks and got == {k: len(KEYS) for k in checks}  # the checks run with features
+    assert all(r.get_num_requested(a.key) == 0 for a in SHARD_ASSETS[1:] + [corpus_summary])
+    for key in KEYS:
+        run_chain(key, selection=FEATURES_ONLY)
+    assert ev(T0 + timedelta(minutes=2)) == {}
+    pq.write_table(make_table(ROWS, dim=DIM, seed=42, id_offset=ROWS), data_root.raw_shard(KEYS[2]))
+    stamp = time.time() + 30
+    os.utime(data_root.raw_shard(KEYS[2]), (stamp, stamp))
+    _apply(instance, _tick(instance, data_root, first.cursor))
+    assert ev(T0 + timedelta(minutes=3)) == {"features": [KEYS[2]]}
+    assert ev(T0 + timedelta(hours=2)) == {}  # no catalog, no mask, whatever the hour
 
-    graph = defs.resolve_asset_graph()
+
+def test_product_definitions_carry_the_automation(monkeypatch, resources):
+    from datamask_pipeline import definitions
+
+    graph = definitions.defs.resolve_asset_graph()
+    # default scope: corpus, one automated key per shard
+    assert automation.env_scope() == "corpus"
+    assert graph.get(features.key).automation_condition.get_label().startswith("shard chain")
     for a in SHARD_ASSETS:
-        node = graph.get(a.key)
-        assert node.automation_condition.get_label().startswith("shard chain")
-        assert node.backfill_policy == automation.BACKFILL_POLICY
-    assert graph.get(corpus_summary.key).automation_condition.get_label().startswith("catalog")
+        assert graph.get(a.key).backfill_policy == automation.BACKFILL_POLICY
+    for a in SHARD_ASSETS[1:] + [corpus_summary]:
+        assert graph.get(a.key).automation_condition is None, a.key
+    monkeypatch.setenv("DATAMASK_AUTOMATION", "per_shard")
+    per_shard = dg.Definitions(assets=automation.automate(
+        [raw_shard, features, mask, shard_report, selected_subset, corpus_summary]),
+        asset_checks=[validate_features], resources=resources).resolve_asset_graph()
+    for a in SHARD_ASSETS:
+        assert per_shard.get(a.key).automation_condition.get_label().startswith("shard chain")
+    assert per_shard.get(corpus_summary.key).automation_condition.get_label().startswith("catalog")
+    monkeypatch.setenv("DATAMASK_AUTOMATION", "per-shard")
+    with pytest.raises(ValueError, match="DATAMASK_AUTOMATION='per-shard': must be one of"):
+        automation.env_scope()
+    defs = definitions.defs
     sensor = defs.resolve_sensor_def(automation.AUTOMATION_SENSOR)
     assert isinstance(sensor, dg.AutomationConditionSensorDefinition)
     assert sensor.emit_backfills and sensor.default_status == dg.DefaultSensorStatus.STOPPED
@@ -183,14 +224,15 @@ def _observed(instance, key):
     return recs[0].asset_observation.data_version if recs else None
 
 
-def test_sensor_registers_and_observes_but_launches_nothing(instance, corpus, data_root):
+def test_sensor_registers_and_observes_rewrites_but_launches_nothing(instance, corpus, data_root):
     shutil.copyfile(data_root.raw_shard(KEYS[0]), os.path.join(data_root.raw_root, "bad name.parquet"))
     first = _tick(instance, data_root)
     [add] = first.dynamic_partitions_requests
     assert add.partitions_def_name == PARTITIONS_NAME and list(add.partition_keys) == KEYS
     assert not first.run_requests  # automation launches, not this sensor
+    assert not first.asset_events  # a new shard is newly missing: nothing to record
     _apply(instance, first)
-    assert {k: _observed(instance, k) for k in KEYS} == {k: _signature(data_root, k) for k in KEYS}
+    assert {k: _observed(instance, k) for k in KEYS} == {k: None for k in KEYS}
 
     second = _tick(instance, data_root, first.cursor)
     assert not second.asset_events and not second.dynamic_partitions_requests
@@ -203,18 +245,33 @@ def test_sensor_registers_and_observes_but_launches_nothing(instance, corpus, da
     third = _tick(instance, data_root, second.cursor)
     assert list(third.dynamic_partitions_requests[0].partition_keys) == ["shard_new"]
     assert [(e.partition, e.tags["dagster/data_version"]) for e in third.asset_events] == [
-        (KEYS[1], _signature(data_root, KEYS[1])), ("shard_new", _signature(data_root, "shard_new"))]
+        (KEYS[1], _signature(data_root, KEYS[1]))]
+    _apply(instance, third)
+    assert _observed(instance, KEYS[1]) == _signature(data_root, KEYS[1])
+
+    # a reset cursor records what it finds and re-launches nothing
+    reset = _tick(instance, data_root, None)
+    assert not reset.asset_events and not reset.dynamic_partitions_requests
 
 
-def test_register_command_observes_what_it_registers(instance, registered, data_root):
-    assert {k: _observed(instance, k) for k in registered} == {
-        k: _signature(data_root, k) for k in registered}
+def test_registered_shards_are_launched_without_an_observation(instance, corpus, data_root,
+                                                                resources):
+    """``register`` adds partitions and records no event; automation still launches them."""
+    ev = Evaluator(instance, _defs(resources, scope="corpus"))
+    assert ev(T0) == {}
+    assert register_shards(instance, data_root.raw_root)["added"] == corpus
+    assert {k: _observed(instance, k) for k in corpus} == {k: None for k in corpus}
+    assert ev(T0 + timedelta(minutes=1)) == {"features": sorted(corpus)}
 
 
 def test_observable_source_reports_every_registered_shard_from_one_listing(instance, registered,
                                                                            data_root):
-    result = dg.materialize([raw_shard], instance=instance, resources={"data_root": data_root})
-    assert result.success
+    # what "Observe sources" in the UI launches: a job of the observable source
+    job = dg.Definitions(assets=[raw_shard], resources={"data_root": data_root},
+                         jobs=[dg.define_asset_job("observe_raw", [raw_shard])]
+                         ).get_job_def("observe_raw")
+    assert {k: _observed(instance, k) for k in registered} == {k: None for k in registered}
+    assert job.execute_in_process(instance=instance).success
     assert {k: _observed(instance, k) for k in registered} == {
         k: _signature(data_root, k) for k in registered}
 
@@ -222,7 +279,28 @@ def test_observable_source_reports_every_registered_shard_from_one_listing(insta
 # ---------------------------------------------------------------- the dry run
 
 
-def test_plan_lists_missing_and_stale_shards_with_a_cost(registered, run_chain, instance, data_root):
+def test_plan_follows_the_corpus_scope(registered, run_chain, instance, data_root):
+    """The default scope: the dry run plans what automation launches, features only."""
+    a, b, c = registered
+    p = plan.plan(instance, data_root)
+    assert p.scope == "corpus"
+    assert p.reasons == {k: "missing: no features yet" for k in registered}
+    text = plan.render(p)
+    assert "need a run of features (automation scope corpus" in text
+    assert "no device-hours" in text and p.gpu_hours is None
+    for key in (a, b):
+        run_chain(key, selection=FEATURES_ONLY)
+    assert plan.plan(instance, data_root).reasons == {c: "missing: no features yet"}
+    run_chain(c, selection=FEATURES_ONLY)
+    assert plan.plan(instance, data_root).reasons == {}
+    os.utime(data_root.raw_shard(b))  # rewritten after its ingestion (mtime = now)
+    assert plan.plan(instance, data_root).reasons == {
+        b: "stale: the raw shard was modified after ingestion"}
+
+
+def test_plan_lists_missing_and_stale_shards_with_a_cost(registered, run_chain, instance, data_root,
+                                                         monkeypatch):
+    monkeypatch.setenv("DATAMASK_AUTOMATION", "per_shard")
     a, b, c = registered
     p = plan.plan(instance, data_root)
     assert p.reasons == {k: "missing: no selected subset yet" for k in registered}

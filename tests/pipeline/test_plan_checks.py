@@ -25,7 +25,8 @@ def _launched(ev, at) -> set:
 
 
 def test_a_shard_with_failed_checks_is_blocked_in_the_plan_as_in_automation(
-        instance, corpus, data_root, run_chain, resources):
+        instance, corpus, data_root, run_chain, resources, monkeypatch):
+    monkeypatch.setenv("DATAMASK_AUTOMATION", "per_shard")  # _defs: the per-shard scope
     a, b, c = corpus
     # c's raw file breaks a blocking check (duplicated ids)
     table = make_table(ROWS, dim=DIM, seed=9, id_offset=7 * ROWS)
@@ -49,6 +50,9 @@ def test_a_shard_with_failed_checks_is_blocked_in_the_plan_as_in_automation(
     text = plan.render(p)
     assert "0 of 3 registered shard(s) need a run" in text and "blocked" in text and c in text
     assert p.as_dict()["to_run"] == 0
+    # under the corpus scope too: c has its features, is listed apart, and is not relaunched
+    pc = plan.plan(instance, data_root, scope="corpus")
+    assert pc.reasons == {} and pc.blocked == {c: ["unique_ids"]}
 
     # the raw file fixed: automation relaunches c, and the plan lists and prices it again
     pq.write_table(make_table(ROWS, dim=DIM, seed=10, id_offset=9 * ROWS), data_root.raw_shard(c))

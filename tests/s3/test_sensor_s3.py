@@ -3,6 +3,7 @@ data version each, an object rewritten in place gets a new data version (automat
 the runs), temp objects of in-flight uploads and names that cannot be partition keys are
 ignored."""
 
+import json
 import tempfile
 
 import dagster as dg
@@ -46,7 +47,7 @@ def test_sensor_on_an_s3_raw_prefix(s3fs, bucket, instance):
     [add] = first.dynamic_partitions_requests
     assert add.partitions_def_name == PARTITIONS_NAME and list(add.partition_keys) == ["shard_a", "shard_b"]
     assert not first.run_requests
-    assert [e.partition for e in first.asset_events] == ["shard_a", "shard_b"]
+    assert not first.asset_events  # new shards: registered, nothing to record
     instance.add_dynamic_partitions(PARTITIONS_NAME, list(add.partition_keys))
 
     second = _tick(instance, data_root, first.cursor)
@@ -56,5 +57,5 @@ def test_sensor_on_an_s3_raw_prefix(s3fs, bucket, instance):
     third = _tick(instance, data_root, second.cursor)
     [obs] = third.asset_events
     assert obs.partition == "shard_b"
-    assert obs.tags["dagster/data_version"] != first.asset_events[1].tags["dagster/data_version"]
+    assert obs.tags["dagster/data_version"] != json.loads(first.cursor)["shard_b"]
     assert not third.dynamic_partitions_requests
