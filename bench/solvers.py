@@ -241,6 +241,33 @@ def readme_table(cells: list, solvers=SOLVERS) -> str:
     return "\n".join(lines)
 
 
+def learner_table(cells: list, solvers=("paper", "paper+polish", "topk+polish")) -> str:
+    """The README's learner-at-the-paper's-settings table: per term and n, each solver's f
+    against exact greedy's (where greedy ran) and against quality top-k, its median time with
+    the range, and the learner's time over ``topk+polish``'s (medians of the same cell's
+    interleaved reps). tests/engine/test_docs.py keeps the README equal to it."""
+    lines = ["| term | n | steps · partial · rollouts | greedy f (time) | "
+             + " | ".join(f"`{s}`: f / f_greedy, f − f_topk, time" for s in solvers)
+             + " | `paper` time ÷ `topk+polish` time |",
+             "|" + "---|" * (len(solvers) + 5)]
+    for c in sorted(cells, key=lambda c: (c["term"], c["n"])):
+        g = c["solvers"].get("greedy")
+        row = [c["term"], f"{c['n']:,}", f"{c['steps']:,} · {c['partial']:g} · {c['rollouts']}",
+               "—" if g is None else f"{g['f']:.5f} ({g['time_s']:.3g} s)"]
+        for name in solvers:
+            r = c["solvers"].get(name)
+            if r is None:
+                row.append("—")
+                continue
+            frac = "—" if g is None else f"{100 * r['f'] / g['f']:.3f}%"
+            row.append(f"{frac}, {r['f'] - c['f_topk']:+.5f}, {r['time_s']:.3g} s "
+                       f"[{r['time_min_s']:.3g}–{r['time_max_s']:.3g}] ×{r['reps']}")
+        p, t = c["solvers"].get("paper"), c["solvers"].get("topk+polish")
+        row.append("—" if not (p and t) else f"{p['time_s'] / t['time_s']:,.0f}×")
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.solvers", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

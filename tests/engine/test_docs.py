@@ -136,3 +136,34 @@ def test_readme_quality_numbers_are_the_committed_run():
 
     assert r["default"]["combination"] == "mean"
     assert list(r["default"]["signals"]) == list(quality.DEFAULT_SIGNALS)
+
+
+def test_readme_learner_at_the_papers_settings_is_the_committed_run():
+    """Issue 20, item 14: the learner measured at the paper's settings (5,000 steps, partial
+    0.1); the table and every range the README draws from it come from the committed run."""
+    from bench.solvers import learner_table
+
+    r = json.loads((REPO / "bench" / "results" / "results_solvers_paper_settings.json").read_text())
+    cells = r["cells"]
+    assert learner_table(cells) in README
+    assert r["command"] in README
+    assert {(c["term"], c["n"]) for c in cells} == {(t, n) for t in ("DiSF", "Pair_simi")
+                                                     for n in (20_000, 100_000)}
+    assert all(c["steps"] == 5000 and c["partial"] == 0.1 and c["rollouts"] == 128 for c in cells)
+    text = " ".join(README.split())
+    paper = [c["solvers"]["paper"] for c in cells]
+    polish = [c["solvers"]["paper+polish"] for c in cells]
+    topk = [c["solvers"]["topk+polish"] for c in cells]
+    # "paper ended below topk+polish's f in every one ... and took A–B× its time"
+    assert all(p["f"] < t["f"] for p, t in zip(paper, topk))
+    ratios = [p["time_s"] / t["time_s"] for p, t in zip(paper, topk)]
+    assert f"took {min(ratios):,.0f}–{max(ratios):,.0f}× its time" in text
+    below = [1 - c["solvers"]["paper"]["f"] / c["solvers"]["greedy"]["f"] for c in cells
+             if "greedy" in c["solvers"]]
+    assert f"({100 * min(below):.2f}–{100 * max(below):.2f}% below exact greedy's f" in text
+    # "paper+polish reached topk+polish's f (equal to 1e-6) at A–B× its time"
+    assert all(abs(p["f"] - t["f"]) <= 1e-6 * abs(t["f"]) for p, t in zip(polish, topk))
+    ratios = [p["time_s"] / t["time_s"] for p, t in zip(polish, topk)]
+    assert f"at {min(ratios):,.0f}–{max(ratios):,.0f}× its time" in text
+    # "paper does end above quality top-k"
+    assert all(c["solvers"]["paper"]["f"] > c["f_topk"] for c in cells)
