@@ -35,6 +35,11 @@ from .partitions import scan_raw, shards
 GROUP = "datamask"
 # Who answers for these assets in the UI, and the pipeline step each one is (a tag to filter by).
 OWNERS = ["team:data-selection"]
+# A transient error (an object store's timeout, a disk that was full) is retried inside the
+# run, a few seconds later; bad input raises ``Failure(allow_retries=False)`` and is not, and
+# the instance's run retries never re-run a failed step (dagster.yaml:
+# retry_on_asset_or_op_failure: false), so one shard starts at most 3 attempts of a step.
+TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=5)
 
 
 # The catalog and the selected rows should follow the daily refresh (DATAMASK_SCHEDULE_CRON's
@@ -247,6 +252,7 @@ def _embed_log(context, key: str, every_s: float = 10.0):
     owners=OWNERS,
     tags=stage("ingest"),
     code_version=CODE_VERSION,
+    retry_policy=TRANSIENT_RETRY,
 )
 def features(context: dg.AssetExecutionContext, data_root: DataRoot,
              contract: DataContract) -> dg.MaterializeResult:

@@ -34,7 +34,7 @@ from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.storage import DataRoot
 
-from .ingest import EMBEDDING, GROUP, ID, OWNERS, QUALITY, features, stage
+from .ingest import EMBEDDING, GROUP, ID, OWNERS, QUALITY, TRANSIENT_RETRY, features, stage
 from .mask_config import (  # noqa: F401 - MaskConfig & co. are imported from here too
     InvalidMaskConfig,
     MaskConfig,
@@ -171,7 +171,7 @@ def run_selection(learner: MaskLearner, shard, cfg: LearnerConfig, ckpt: str, ke
     # On Kubernetes (k8s_job_executor) the step's pod asks for the GPU: these tags travel with
     # the asset, so UI launches, backfills and schedules all honour them.
     op_tags=gpu_op_tags(),
-    retry_policy=dg.RetryPolicy(max_retries=2, delay=5),
+    retry_policy=TRANSIENT_RETRY,
 )
 def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataRoot,
          contract: DataContract, learner: MaskLearner) -> dg.MaterializeResult:

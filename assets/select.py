@@ -14,7 +14,8 @@ from datamask_pipeline.engine.data import DataContractError
 from resources.contract import DataContract
 from resources.storage import DataRoot
 
-from .ingest import FRESHNESS, GROUP, ID, OWNERS, QUALITY, features, raw_shard, stage
+from .ingest import (FRESHNESS, GROUP, ID, OWNERS, QUALITY,
+                     TRANSIENT_RETRY, features, raw_shard, stage)
 from .learn import mask
 from .partitions import shards
 
@@ -41,6 +42,7 @@ def raw_schema(uri: str):
     tags=stage("select"),
     freshness_policy=FRESHNESS,
     code_version=CODE_VERSION,
+    retry_policy=TRANSIENT_RETRY,
 )
 def selected_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
                     contract: DataContract) -> dg.MaterializeResult:

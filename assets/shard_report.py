@@ -21,7 +21,7 @@ from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.storage import DataRoot
 
-from .ingest import GROUP, ID, OWNERS, features, stage
+from .ingest import GROUP, ID, OWNERS, TRANSIENT_RETRY, features, stage
 from .learn import checked_features, mask
 from .partitions import shards
 
@@ -118,6 +118,7 @@ def not_built(data_root: DataRoot, key: str, why: str) -> dg.MaterializeResult:
     owners=OWNERS,
     tags=stage("report"),
     code_version=CODE_VERSION,
+    retry_policy=TRANSIENT_RETRY,
 )
 def shard_report(context: dg.AssetExecutionContext, data_root: DataRoot,
                  contract: DataContract, learner: MaskLearner) -> dg.MaterializeResult:
