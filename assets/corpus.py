@@ -26,9 +26,10 @@ from datamask_pipeline.engine.config import ConfigError
 from datamask_pipeline.engine.data import DataContractError
 from resources.contract import DataContract
 from resources.learner import MaskLearner
+from resources.ray import RayCluster
 from resources.storage import DataRoot
 
-from .ingest import ID, OWNERS, features, raw_shard, stage
+from .ingest import EMBEDDING, ID, OWNERS, QUALITY, features, raw_shard, stage
 from .learn import MaskConfig, read_features
 from .partitions import PARTITIONS_NAME
 from .select import raw_schema
@@ -198,6 +199,26 @@ class DedupConfig(dg.Config):
         "Cosine at or above which two rows are near-duplicates (the worse-ranked one is dropped)."))
     rows_per_cluster: int = Field(default=1000, ge=2, description=(
         "Mean cluster size of the corpus-wide k-means (clusters = rows / this)."))
+    engine: str = Field(default="local", description=(
+        "local: in this step's process, every shard's rows in memory; ray: the corpus-wide "
+        "steps (text-key groups, boilerplate counts, LSH bands, clusters) as a Ray Data "
+        "pipeline on the `ray` resource's cluster (env DATAMASK_RAY_ADDRESS; unset: a local "
+        "Ray), with the same result. Needs the ray extra."))
+    ray_partitions: Optional[int] = Field(default=None, ge=1, description=(
+        "engine ray: partitions of each Ray Data groupby (unset: Ray's default)."))
+
+
+DEDUP_ENGINES = ("local", "ray")
+
+
+def _dedup_engine(config: DedupConfig) -> str:
+    engine = config.engine.strip().lower()
+    if engine not in DEDUP_ENGINES:
+        raise dg.Failure(description=(
+            f"corpus_dedup: engine must be one of {list(DEDUP_ENGINES)} "
+            f"(config key corpus_dedup.config.engine), got {config.engine!r}"),
+            allow_retries=False)
+    return engine
 
 
 def _raw_texts(raw_uri: str, column: str | None):
@@ -218,19 +239,24 @@ DUPLICATES = "duplicates.parquet"
     code_version=CODE_VERSION,
 )
 def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_root: DataRoot,
-                 contract: DataContract) -> dg.MaterializeResult:
+                 contract: DataContract, ray: RayCluster) -> dg.MaterializeResult:
     """Exact and semantic near-duplicates across every shard that passed its checks
     (``corpus/duplicates.parquet``: each dropped row, the row it duplicates, why, the cosine);
     the best-quality member of each group stays. The corpus selection never selects a dropped
     row."""
     from datamask_pipeline.engine.corpus.dedup import deduplicate
 
+    engine = _dedup_engine(config)
     shards_, excluded = corpus_shards(context, data_root, contract, None)
     versions = {s.key: s.version for s in shards_}
     rows = {"partition_key": [], "row": [], "id": [], "dup_of_partition_key": [],
             "dup_of_row": [], "dup_of_id": [], "reason": [], "cosine": [], "containment": []}
-    stats = {"enabled": config.enabled, "threshold": config.threshold, "rows": 0, "dropped": 0}
-    if config.enabled and shards_:
+    stats = {"enabled": config.enabled, "threshold": config.threshold, "rows": 0, "dropped": 0,
+             "engine": engine}
+    if config.enabled and shards_ and engine == "ray":
+        res = _dedup_on_ray(context, config, data_root, contract, ray, shards_)
+        ids_txt = _lineage_ids(res, shards_, data_root)
+    if config.enabled and shards_ and engine == "local":
         parts = [s.load() for s in shards_]
         # ids as text (shards may differ in id type): dedup's tie-break and the lineage
         ids_txt = [pc.cast(pa.array(p.ids), pa.string()).to_numpy(zero_copy_only=False)
@@ -249,6 +275,7 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
             fuzzy=config.fuzzy, containment=config.containment, near=config.near,
             threshold=config.threshold, rows_per_cluster=config.rows_per_cluster)
         del parts
+    if config.enabled and shards_:
         for d in res.dropped:
             rows["partition_key"].append(shards_[d["shard"]].key)
             rows["row"].append(d["row"])
@@ -288,7 +315,7 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
                      f"(threshold {config.threshold})" if config.enabled else
                      "corpus_dedup: off (every row may be selected)")
     return dg.MaterializeResult(metadata={
-        "enabled": config.enabled, "threshold": config.threshold,
+        "enabled": config.enabled, "threshold": config.threshold, "engine": engine,
         "rows": n_rows, "dropped": table.num_rows,
         "dropped_share": float(table.num_rows / max(1, n_rows)),
         "dropped_exact": int(stats.get("exact_dropped", 0)),
@@ -300,6 +327,48 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
         "duplicates": dg.MetadataValue.path(out),
         "dagster/row_count": table.num_rows,
     }, data_version=dg.DataVersion(storage.sha256(out)[:16]))
+
+
+def _dedup_on_ray(context, config: DedupConfig, data_root: DataRoot, contract: DataContract,
+                  ray: RayCluster, shards_: list):
+    """``deduplicate_ray`` on the ``ray`` resource's cluster: the shards' files are read by
+    Ray tasks (the texts only when every raw file has the text column, as the local engine)."""
+    from datamask_pipeline.engine.corpus.dedup_ray import ShardSource, deduplicate_ray
+
+    column = contract.text_column or None
+    texts = bool(column) and (config.exact or config.fuzzy) and all(
+        column in raw_schema(data_root.raw_shard(s.key)).names for s in shards_)
+    sources = [ShardSource(features=data_root.features(s.key),
+                           raw=data_root.raw_shard(s.key) if texts else None,
+                           text_column=column if texts else None) for s in shards_]
+    try:
+        with ray.session(context):
+            context.log.info(f"corpus_dedup: deduplicating on {getattr(ray, 'name', 'Ray')}")
+            return deduplicate_ray(
+                sources, exact=config.exact, fuzzy=config.fuzzy, near=config.near,
+                threshold=config.threshold, containment=config.containment,
+                rows_per_cluster=config.rows_per_cluster, id_column=ID, quality_column=QUALITY,
+                embedding_column=EMBEDDING, expected_dim=contract.expected_dim,
+                shuffle_partitions=config.ray_partitions, log=context.log.info)
+    except (ConfigError, DataContractError) as exc:
+        raise dg.Failure(description=f"corpus_dedup (engine ray): {exc}",
+                         allow_retries=False) from exc
+
+
+def _lineage_ids(res, shards_: list, data_root: DataRoot) -> dict:
+    """{shard index: {row: id as text}} of the rows the dropped rows name (their ids only,
+    one shard's id column at a time)."""
+    want = {}
+    for d in res.dropped:
+        want.setdefault(d["shard"], set()).add(d["row"])
+        want.setdefault(d["dup_of_shard"], set()).add(d["dup_of_row"])
+    out = {}
+    for i, rows in want.items():
+        rows = sorted(rows)
+        col = storage.read_table(data_root.features(shards_[i].key), [ID]).column(ID)
+        got = pc.cast(col.take(pa.array(rows)), pa.string()).to_pylist()
+        out[i] = dict(zip(rows, got))
+    return out
 
 
 def last_selection(data_root: DataRoot, shards_: list, cfg, budget) -> dict | None:

@@ -17,6 +17,7 @@ from assets.shard_report import shard_report
 from assets.validate import validate_features
 from resources.contract import DataContract
 from resources.learner import MaskLearner
+from resources.ray import ray_from_env
 from resources.storage import DataRoot
 
 from .automation import automate, automation_sensor
@@ -40,6 +41,8 @@ def resources_from_env() -> dict:
         # The corpus catalog, rebuilt (atomically) by corpus_summary only. Its path is derived
         # from the data root, so it is fixed when the definitions load.
         "catalog": DuckDBResource(database=DataRoot(root=settings.data_root()).catalog()),
+        # corpus_dedup's Ray cluster (engine: ray); lazy: nothing starts until such a run
+        "ray": ray_from_env(),
     }
 
 

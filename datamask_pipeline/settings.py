@@ -34,6 +34,9 @@ Every default is a local path under the repository, so a newcomer needs no confi
 ``DATAMASK_FRESHNESS_HOURS``  opt-in freshness policy of ``selected_subset`` and
                             ``corpus_summary``: fail after N hours without a materialization
                             (unset, default: none; see ``automation``)
+``DATAMASK_RAY_ADDRESS``    the Ray cluster of ``corpus_dedup`` with ``engine: ray``
+                            (``ray://<head>:10001``, ``auto``); unset (default): a local Ray
+                            started in the run's process (``resources/ray.py``)
 ``DATAMASK_PRESET``         no longer read. The method knobs' presets are jobs with their run
                             config filled in: ``datamask_job`` (``pipeline``),
                             ``datamask_upstream_job``, ``datamask_cpu_demo_job``. When it is set,
@@ -85,6 +88,7 @@ ENV_AUTOMATION_INTERVAL = "DATAMASK_AUTOMATION_INTERVAL_S"
 ENV_SENSOR_INTERVAL = "DATAMASK_SENSOR_INTERVAL_S"
 ENV_FAILURE_WEBHOOK = "DATAMASK_FAILURE_WEBHOOK"
 ENV_FRESHNESS_HOURS = "DATAMASK_FRESHNESS_HOURS"
+ENV_RAY_ADDRESS = "DATAMASK_RAY_ADDRESS"
 
 PRESETS = ("pipeline", "upstream", "cpu-demo")
 

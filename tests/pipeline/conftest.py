@@ -20,6 +20,7 @@ from assets.partitions import register_shards
 from datamask_pipeline.engine.sample import generate_corpus
 from resources.contract import DataContract
 from resources.learner import MaskLearner
+from resources.ray import RayCluster
 from resources.storage import DataRoot
 
 from .helpers import ALL_ASSETS, CHAIN, DIM, KEYS, ROWS, SHARDS, TINY
@@ -61,6 +62,8 @@ def resources(data_root) -> dict:
                                shard_report=False),
         "duckdb": DuckDBResource(database=":memory:"),
         "catalog": DuckDBResource(database=data_root.catalog()),
+        # corpus_dedup's (engine ray only; nothing starts otherwise): one CPU, no dashboard
+        "ray": RayCluster(ray_init_options={"num_cpus": 1, "include_dashboard": False}),
     }
 
 

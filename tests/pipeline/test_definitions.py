@@ -89,6 +89,11 @@ def test_asset_graph_snapshot():
 
     assert graph.get(dg.AssetKey("mask")).pools == {"gpu"}
     assert mask.op.retry_policy == dg.RetryPolicy(max_retries=2, delay=5)
+    # every step that reads or writes storage retries a transient error in the run (bad input
+    # fails with allow_retries=False and is not retried; the instance never re-runs a step)
+    from assets.ingest import TRANSIENT_RETRY
+    for key in ("features", "mask", "shard_report", "selected_subset", "corpus_summary"):
+        assert defs.get_assets_def(key).op.retry_policy == TRANSIENT_RETRY, key
 
 
 def test_jobs_sensor_schedule_resources():
@@ -105,7 +110,8 @@ def test_jobs_sensor_schedule_resources():
     auto = defs.resolve_sensor_def("datamask_automation")
     assert auto.default_status == dg.DefaultSensorStatus.STOPPED and auto.emit_backfills
 
-    assert set(defs.resources) == {"data_root", "contract", "learner", "duckdb", "catalog"}
+    assert set(defs.resources) == {"data_root", "contract", "learner", "duckdb", "catalog", "ray"}
+    assert defs.resources["ray"].address is None  # unset: a local Ray, started only when used
     # the catalog's database is <data root>/catalog.duckdb (the data root of the load)
     assert os.path.basename(defs.resources["catalog"].database) == "catalog.duckdb"
     assert defs.resources["duckdb"].database == ":memory:"

@@ -102,9 +102,10 @@ def test_readme_backfill_commands_queue_one_run_per_shard(home_env):
     assert sorted(sorted(b.partition_names) for b in backfills) == [
         ["shard_000", "shard_001"], ["shard_000", "shard_001"]]  # named; from `plan --keys`
     assert len(runs) == 4
+    # the named shards' chain; the dry run's shards (default scope: corpus) their features
+    assert sorted(r.job_name for r in runs) == ["datamask_job"] * 2 + ["features_job"] * 2
     for run in runs:
         assert run.status == dg.DagsterRunStatus.QUEUED  # for the daemon, not run in the shell
-        assert run.job_name == "datamask_job"
         assert run.tags["dagster/code_location"] == "datamask"
 
 

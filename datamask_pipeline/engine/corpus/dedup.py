@@ -52,19 +52,45 @@ def normalised_text_keys(texts, boilerplate_min_docs: int | None = None) -> np.n
     texts of the corpus (footers, headers, navigation: CCNet-style line deduplication) are
     removed first, so a text with such a line added has the key of the text without it."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     arr = pa.array(texts, type=pa.large_string()) if not isinstance(texts, (pa.Array, pa.ChunkedArray)) else texts
     if boilerplate_min_docs:
         from collections import Counter
 
-        lines = [None if t is None else [" ".join(ln.lower().split()) for ln in t.splitlines()]
-                 for t in arr.to_pylist()]
-        counts = Counter(ln for doc in lines if doc for ln in set(doc) if ln)
+        lines = [_doc_lines(t) for t in arr.to_pylist()]
+        counts = Counter(ln for doc in lines for ln in _distinct_lines(doc))
         common = {ln for ln, c in counts.items() if c >= boilerplate_min_docs}
-        if common:
-            arr = pa.array([None if doc is None else "\n".join(ln for ln in doc if ln not in common)
-                            for doc in lines], type=pa.large_string())
+        arr = _strip_lines(arr, common, lines)
+    return _normalise(arr)
+
+
+def _doc_lines(text):
+    """A text's lines, each lower-cased with its whitespace collapsed (None for a null text)."""
+    return None if text is None else [" ".join(ln.lower().split()) for ln in text.splitlines()]
+
+
+def _distinct_lines(doc) -> set:
+    """The distinct non-empty lines of one text (what the boilerplate count counts once)."""
+    return {ln for ln in set(doc) if ln} if doc else set()
+
+
+def _strip_lines(arr, common: set, lines=None):
+    """``arr`` (texts) with the ``common`` (boilerplate) lines left out; ``arr`` itself when
+    there are none. Row-wise: any slice of the corpus gives the same rows."""
+    import pyarrow as pa
+
+    if not common:
+        return arr
+    if lines is None:
+        lines = [_doc_lines(t) for t in arr.to_pylist()]
+    return pa.array([None if doc is None else "\n".join(ln for ln in doc if ln not in common)
+                     for doc in lines], type=pa.large_string())
+
+
+def _normalise(arr) -> np.ndarray:
+    """Lower case, whitespace runs to one space, trimmed (object array; None stays None)."""
+    import pyarrow.compute as pc
+
     norm = pc.utf8_trim_whitespace(pc.replace_substring_regex(pc.utf8_lower(arr), r"\s+", " "))
     return np.asarray(norm.to_pylist(), dtype=object)
 
@@ -121,7 +147,9 @@ def _fuzzy_pairs(keys: np.ndarray, rows: np.ndarray, rank: np.ndarray, containme
         same = inv[o[1:]] == inv[o[:-1]]
         cand.update(zip(have[o[1:][same]].tolist(), have[o[:-1][same]].tolist()))
     out = []
-    for worse, better in cand:
+    # in (worse, better) order: of two partners at the same containment the first in the
+    # corpus's (shard, row) order is named, whatever the set's order (dedup_ray does the same)
+    for worse, better in sorted(cand):
         a, b = _shingles(keys[worse]), _shingles(keys[better])
         c = len(a & b) / min(len(a), len(b))
         if c >= containment:
@@ -131,24 +159,54 @@ def _fuzzy_pairs(keys: np.ndarray, rows: np.ndarray, rank: np.ndarray, containme
 
 def _rank(q: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Global rank (0 = best): quality descending, then id, then position."""
-    order = np.lexsort((np.arange(q.size), ids, -q)) if ids.dtype.kind in "iu" else \
-        np.lexsort((np.arange(q.size), np.asarray(ids, dtype=str), -q))
+    order = _rank_order(q, ids, np.arange(q.size))
     rank = np.empty(q.size, dtype=np.int64)
     rank[order] = np.arange(q.size)
     return rank
+
+
+def _rank_order(q: np.ndarray, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """The order (best first) of rows given their quality, id and global position: quality
+    descending, then id (integers as numbers, anything else as text), then position. Any
+    subset of the corpus sorts in the order of its rows' global ranks."""
+    ids = np.asarray(ids)
+    return np.lexsort((pos, ids, -q)) if ids.dtype.kind in "iu" else \
+        np.lexsort((pos, np.asarray(ids, dtype=str), -q))
+
+
+def _train_kmeans(xn: np.ndarray, n_clusters: int, seed: int):
+    """Spherical k-means (faiss) of the unit rows ``xn``; ``.index`` holds the centroids."""
+    import faiss
+
+    km = faiss.Kmeans(xn.shape[1], n_clusters, niter=20, seed=seed, spherical=True,
+                      verbose=False, min_points_per_centroid=1, max_points_per_centroid=256)
+    km.train(xn)
+    return km
 
 
 def _clusters(xn: np.ndarray, n_clusters: int, seed: int, probes: int) -> np.ndarray:
     """(N, probes): each row's nearest centroids (spherical k-means, faiss)."""
     if n_clusters <= 1:
         return np.zeros((xn.shape[0], 1), dtype=np.int64)
-    import faiss
-
-    km = faiss.Kmeans(xn.shape[1], n_clusters, niter=20, seed=seed, spherical=True,
-                      verbose=False, min_points_per_centroid=1, max_points_per_centroid=256)
-    km.train(xn)
+    km = _train_kmeans(xn, n_clusters, seed)
     _, assign = km.index.search(xn, min(probes, n_clusters))
     return assign.astype(np.int64)
+
+
+def _best_above(xm: np.ndarray):
+    """(best, arg) for the unit rows ``xm`` of one cluster in rank order: each row's highest
+    cosine with a row ranked above it and that row's position (-inf, 0 for the first row),
+    computed in row blocks."""
+    best = np.full(xm.shape[0], -np.inf, dtype=np.float32)
+    arg = np.zeros(xm.shape[0], dtype=np.int64)
+    for s in range(0, xm.shape[0], 2048):
+        e = min(xm.shape[0], s + 2048)
+        sim = xm[s:e] @ xm[:e].T  # (b, e)
+        sim[np.arange(e - s)[:, None] <= (np.arange(e)[None, :] - s)] = -np.inf
+        a = sim.argmax(axis=1)
+        best[s:e] = sim[np.arange(e - s), a]
+        arg[s:e] = a
+    return best, arg
 
 
 def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndarray,
@@ -219,17 +277,8 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
             if members.size < 2:
                 continue
             members = members[np.argsort(rank[alive[members]], kind="stable")]
-            xm = xa[members]
             # each member against the members ranked above it, in row blocks
-            best = np.full(members.size, -np.inf, dtype=np.float32)
-            arg = np.zeros(members.size, dtype=np.int64)
-            for s in range(0, members.size, 2048):
-                e = min(members.size, s + 2048)
-                sim = xm[s:e] @ xm[:e].T  # (b, e)
-                sim[np.arange(e - s)[:, None] <= (np.arange(e)[None, :] - s)] = -np.inf
-                a = sim.argmax(axis=1)
-                best[s:e] = sim[np.arange(e - s), a]
-                arg[s:e] = a
+            best, arg = _best_above(xa[members])
             hit = np.flatnonzero(best >= threshold)
             rows = alive[members[hit]]
             better = np.isnan(cosine[rows]) | (best[hit] > cosine[rows])  # seen in 2 clusters
