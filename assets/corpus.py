@@ -29,7 +29,8 @@ from resources.learner import MaskLearner
 from resources.ray import RayCluster
 from resources.storage import DataRoot
 
-from .ingest import EMBEDDING, ID, OWNERS, QUALITY, features, raw_shard, stage
+from .ingest import (EMBEDDING, ID, OWNERS, QUALITY, TRANSIENT_RETRY, features, raw_shard,
+                     stage)
 from .learn import MaskConfig, read_features
 from .partitions import PARTITIONS_NAME
 from .select import raw_schema
@@ -237,6 +238,7 @@ DUPLICATES = "duplicates.parquet"
     owners=OWNERS,
     tags=stage("validate"),
     code_version=CODE_VERSION,
+    retry_policy=TRANSIENT_RETRY,
 )
 def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_root: DataRoot,
                  contract: DataContract, ray: RayCluster) -> dg.MaterializeResult:
@@ -424,6 +426,7 @@ def dedup_keep(data_root: DataRoot, shards_: list) -> tuple:
     owners=OWNERS,
     tags=stage("learn"),
     code_version=CODE_VERSION,
+    retry_policy=TRANSIENT_RETRY,
 )
 def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
                      data_root: DataRoot, contract: DataContract,
@@ -510,6 +513,7 @@ def _shard_digest(rows: np.ndarray, raw_sig: str) -> str:
     owners=OWNERS,
     tags=stage("select"),
     code_version=CODE_VERSION,
+    retry_policy=TRANSIENT_RETRY,
 )
 def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
                   contract: DataContract) -> dg.MaterializeResult:

@@ -92,7 +92,8 @@ def test_asset_graph_snapshot():
     # every step that reads or writes storage retries a transient error in the run (bad input
     # fails with allow_retries=False and is not retried; the instance never re-runs a step)
     from assets.ingest import TRANSIENT_RETRY
-    for key in ("features", "mask", "shard_report", "selected_subset", "corpus_summary"):
+    for key in ("features", "mask", "shard_report", "selected_subset", "corpus_summary",
+                "corpus_dedup", "corpus_selection", "corpus_subset"):
         assert defs.get_assets_def(key).op.retry_policy == TRANSIENT_RETRY, key
 
 
