@@ -359,15 +359,20 @@ def sqlite_instance(home: str):
 
 
 # ------------------------------------------------------------------ the run
-def _before() -> dict | None:
-    path = RESULTS / "results_schedule_tick.json"
-    if not path.exists():
-        return None
-    old = json.loads(path.read_text())
-    return {"file": "bench/results/results_schedule_tick.json", "command": old["command"],
-            "rows": [{k: r[k] for k in ("shards", "median_s", "run_requests")}
-                     for r in old["rows"]],
-            "before": old.get("before")}
+def before_from(path: str) -> dict:
+    """The medians of an earlier ``results_orchestration.json`` (its command and, per storage
+    and size, what the daemon recorded for N new shards and the automation evaluations), kept
+    in this run's results so that the report sets them side by side."""
+    old = json.loads(Path(path).read_text())
+    out = {"file": str(path), "command": old["command"], "storages": {},
+           "loadavg": [old["machine"].get("loadavg_start"), old["machine"].get("loadavg_end")]}
+    for storage, cell in old.get("storages", {}).items():
+        out["storages"][storage] = [
+            {"shards": r["shards"],
+             **{k: r[k]["median_s"] for k in ("daemon_apply", "automation_first",
+                                                "automation_steady") if r.get(k)},
+             "requested_first": r.get("requested_first")} for r in cell.get("rows", [])]
+    return out
 
 
 def _write(out: Path, res: dict) -> None:
@@ -375,6 +380,161 @@ def _write(out: Path, res: dict) -> None:
 
     atomic_write_bytes(str(out / "results_orchestration.json"),
                        json.dumps(res, indent=1).encode())
+    atomic_write_bytes(str(out / "REPORT_orchestration.md"), report_markdown(res).encode())
+
+
+# ------------------------------------------------------------------ the report
+LABELS = {
+    "sensor_first_tick": "sensor, first tick (N new) — ours",
+    "sensor_steady_tick": "sensor, steady tick — ours",
+    "daemon_apply": "daemon records N new shards (partitions, no event) — Dagster",
+    "rewrite_apply": "daemon records N rewritten shards (N observations) — Dagster",
+    "plan": "dry run `plan.plan` (corpus scope) — ours",
+}
+VARIANT_LABELS = {"corpus": "scope `corpus` (default: features + checks)",
+                  "per_shard": "scope `per_shard` (the chain + catalog)",
+                  "job": "job condition on `features_job` (preview)"}
+
+
+def _label(part: str) -> str:
+    if part in LABELS:
+        return LABELS[part]
+    w, v = part[len("automation_"):-1].split("[")
+    when = "N new shards" if w == "first" else "steady"
+    return f"automation evaluation, {when}, {VARIANT_LABELS.get(v, v)} — Dagster"
+
+
+def _cell(st) -> str:
+    if not st:
+        return "not measured"
+    return (f"{st['median_s']:.3g} s ({st['min_s']:.3g}–{st['max_s']:.3g}, "
+            f"n={len(st['all_s'])})")
+
+
+def report_markdown(res: dict) -> str:
+    """REPORT_orchestration.md from the results (what ``main`` writes; a test re-renders the
+    committed results and compares)."""
+    variants = res["settings"].get("variants", list(VARIANTS))
+    sizes = res["settings"]["shards"]
+    m = res["machine"]
+    lines = [f"# Orchestration at {', '.join(f'{n:,}' for n in sizes)} shards "
+             f"({', '.join(res['storages'])})", "",
+             "Produced by (written by the bench with the results, "
+             "`bench/results/results_orchestration.json`):", "", "```",
+             f"OMP_NUM_THREADS=1 .venv/bin/{res['command']}", "```", "",
+             f"Machine: {m.get('cpu_count')} × {m.get('cpu_model')}, Python {m.get('python')}, "
+             f"dagster {m.get('dagster')}"
+             + (f", dagster-postgres {m['dagster_postgres']}" if m.get("dagster_postgres") else "")
+             + f"; load average at start {m.get('loadavg_start')}, at end {m.get('loadavg_end')}; "
+             f"total {res.get('total_s', 0) / 60:.1f} min. SQLite instances and the raw files "
+             "live on `/dev/shm` (as in the tests); PostgreSQL is Debian's server in a temporary "
+             "cluster on 127.0.0.1 (default settings: fsync on, data on disk). Wall time of each "
+             "part, median (min–max, n reps); what each part is: the module doc of "
+             "`bench/orchestration.py`.", ""]
+    for storage, cell in res["storages"].items():
+        lines += [f"## {storage}", ""]
+        if cell.get("skipped"):
+            lines += [cell["skipped"], ""]
+            continue
+        rows = cell["rows"]
+        if cell.get("from"):
+            lines += [f"Measured by `{cell['from']}` (load average "
+                      f"{cell['machine'].get('loadavg_start')} → "
+                      f"{cell['machine'].get('loadavg_end')}).", ""]
+        lines += ["| part | " + " | ".join(f"{r['shards']:,} shards" for r in rows) + " | slopes |",
+                  "|---|" + "---|" * len(rows) + "---|"]
+        for part in parts(variants):
+            sl = ", ".join(f"{x['slope']:.2f}" for x in cell.get("slopes", {}).get(part, []))
+            lines.append(f"| {_label(part)} | " + " | ".join(_cell(r.get(part)) for r in rows)
+                         + f" | {sl} |")
+        for v in variants:
+            lines.append(f"| requested right after, {v} | "
+                         + " | ".join(str(r["requested_first"].get(v)) for r in rows) + " | |")
+            lines.append(f"| requested when steady, {v} | "
+                         + " | ".join(str(r["requested_steady"].get(v)) for r in rows) + " | |")
+        lines.append("| load average at start / end | " + " | ".join(
+            f"{r['loadavg_start']} / {r['loadavg_end']}" for r in rows) + " | |")
+        lines += ["", f"Our code's part of a tick under {res['settings']['our_tick_limit_s']:g} s "
+                  f"at every size: {'yes' if cell.get('ours_under_limit') else 'no'}.", ""]
+    before = res.get("before") or {}
+    if before.get("storages"):
+        big = max(sizes)
+        lines += [f"## Against the previous record, at {big:,} shards", "",
+                  f"Previous: `{before['command']}` (`{before['file']}`): every new shard was "
+                  "observed when registered, and all four per-shard assets were automated. "
+                  "That was another run on this shared machine (load average "
+                  f"{before.get('loadavg')}), so these are not side-by-side ratios; the "
+                  "side-by-side comparison is this run's `per_shard` variant (the previous "
+                  "automation, evaluated in the same rounds), in the ratio table below.", "",
+                  "| storage | part | previous | now |", "|---|---|---|---|"]
+        for storage, old_rows in before["storages"].items():
+            old = next((r for r in old_rows if r["shards"] == big), None)
+            new = next((r for r in res["storages"].get(storage, {}).get("rows", [])
+                        if r["shards"] == big), None)
+            if not old or not new:
+                continue
+            lines.append(f"| {storage} | daemon records N new shards | "
+                         f"{old.get('daemon_apply', float('nan')):.3g} s (N observations) | "
+                         f"{_cell(new.get('daemon_apply'))} (partitions only) |")
+            for w in ("first", "steady"):
+                for v in variants:
+                    lines.append(f"| {storage} | automation evaluation, {w}, {v} | "
+                                 f"{old.get('automation_' + w, float('nan')):.3g} s | "
+                                 f"{_cell(new.get(f'automation_{w}[{v}]'))} |")
+        lines.append("")
+    if "per_shard" in variants and len(variants) > 1:
+        lines += ["## Side by side in this run: each variant's evaluation time over `per_shard`'s",
+                  "", "Per rep (the variants ran in the same round, one after the other), then "
+                  "the median and range of the per-rep ratios.", "",
+                  "| storage | shards | evaluation | " + " | ".join(
+                      v for v in variants if v != "per_shard") + " |",
+                  "|---|---|---|" + "---|" * (len(variants) - 1)]
+        for storage, cell in res["storages"].items():
+            for r in cell.get("rows", []):
+                for w in ("first", "steady"):
+                    base = r.get(f"automation_{w}[per_shard]")
+                    cols = []
+                    for v in variants:
+                        if v == "per_shard":
+                            continue
+                        st = r.get(f"automation_{w}[{v}]")
+                        ratios = ([x / y for x, y in zip(st["all_s"], base["all_s"])]
+                                  if st and base else [])
+                        cols.append(f"{statistics.median(ratios):.3f} ({min(ratios):.3f}–"
+                                    f"{max(ratios):.3f})" if ratios else "—")
+                    lines.append(f"| {storage} | {r['shards']:,} | {w} | " + " | ".join(cols)
+                                 + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _median(res: dict, storage: str, n: int, part: str) -> float | None:
+    row = next((r for r in res["storages"].get(storage, {}).get("rows", [])
+                if r["shards"] == n), None)
+    st = (row or {}).get(part)
+    return st["median_s"] if st else None
+
+
+def readme_numbers(res: dict) -> str:
+    """The README's "At N shards" sentence, rendered from the results at the largest size
+    (SQLite / PostgreSQL medians; tests/engine/test_docs.py checks the README holds it)."""
+    n = max(res["settings"]["shards"])
+    stores = [s for s in ("sqlite", "postgres")
+              if _median(res, s, n, "automation_first[corpus]") is not None]
+
+    def both(part: str) -> str:
+        vals = [_median(res, s, n, part) for s in stores]
+        return " / ".join("—" if v is None else f"{v:.3g}" for v in vals) + " s"
+
+    names = " / ".join({"sqlite": "SQLite", "postgres": "PostgreSQL"}[s] for s in stores)
+    ours = max(max(_median(res, s, n, p) or 0.0 for p in OURS) for s in stores)
+    return (f"At {n:,} shards, medians on {names}: our part of a sensor tick takes at most "
+            f"{ours:.3g} s and the dry run {both('plan')}; the daemon registers {n:,} new "
+            f"shards in {both('daemon_apply')} (partitions only: a new shard records no "
+            f"event) and records {n:,} rewritten ones in {both('rewrite_apply')} (one "
+            f"observation each); Dagster's automation evaluation takes "
+            f"{both('automation_first[corpus]')} per tick in the default `corpus` scope and "
+            f"{both('automation_first[per_shard]')} under `per_shard`.")
 
 
 def main(argv=None) -> int:
@@ -393,7 +553,23 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default=_FAST_TMP, help="where SQLite instances and raw files "
                     "go (default: /dev/shm, as the tests: SQLite syncs every event on a disk)")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--before", default=None, help="an earlier results_orchestration.json whose "
+                    "medians the report sets beside this run's")
+    ap.add_argument("--also", default=None,
+                    help="an earlier results_orchestration.json of this bench whose storages "
+                    "that this run does not measure join this run's results (its command is "
+                    "listed with this one)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="measure nothing: re-render REPORT_orchestration.md from --out's "
+                    "results (with --before: attach that earlier run first)")
     a = ap.parse_args(argv)
+    if a.report_only:
+        out = Path(a.out)
+        res = json.loads((out / "results_orchestration.json").read_text())
+        if a.before:
+            res["before"] = before_from(a.before)
+        _write(out, res)
+        return 0
     sizes = [int(x) for x in a.shards.split(",")]
     variants = tuple(v.strip() for v in a.variants.split(",") if v.strip())
     for v in variants:
@@ -427,7 +603,7 @@ def main(argv=None) -> int:
                      "apply_reps_max_shards": a.apply_reps_max_shards,
                      "variants": list(variants), "rewrite_max_shards": a.rewrite_max_shards},
         "storages": {},
-        "before": _before(),
+        "before": before_from(a.before) if a.before else None,
     }
     server = None
     try:
@@ -469,6 +645,14 @@ def main(argv=None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     res["machine"]["loadavg_end"] = loadavg()
     res["total_s"] = time.perf_counter() - start
+    if a.also:
+        earlier = json.loads(Path(a.also).read_text())
+        for storage, cell in earlier["storages"].items():
+            if storage not in res["storages"] and not cell.get("skipped"):
+                res["storages"][storage] = {**cell, "from": earlier["command"],
+                                            "machine": earlier["machine"]}
+        res["storages"] = dict(sorted(res["storages"].items(), key=lambda kv: kv[0] != "sqlite"))
+        res["command"] = earlier["command"] + "\n" + res["command"]
     _write(out, res)
     return 0
 

@@ -145,8 +145,9 @@ def automation_sensor(target: dg.AssetSelection) -> dg.AutomationConditionSensor
         AUTOMATION_SENSOR,
         target=target,
         emit_backfills=True,
-        # one evaluation took 41-72 s at 10,000 shards (bench/results/REPORT_orchestration.md):
-        # raise it (env DATAMASK_AUTOMATION_INTERVAL_S) for corpora that large
+        # an evaluation's cost grows with the shards and the automated keys
+        # (bench/results/REPORT_orchestration.md): raise the interval (env
+        # DATAMASK_AUTOMATION_INTERVAL_S) when it nears the interval
         minimum_interval_seconds=settings.env_int(settings.ENV_AUTOMATION_INTERVAL) or 30,
         default_status=dg.DefaultSensorStatus.STOPPED,
         description="Evaluates the automation conditions of the per-shard chain and the catalog "

@@ -7,8 +7,8 @@ cursor remembers each file's ``size:mtime`` signature. A file whose signature di
 one the cursor holds (rewritten in place) gets a ``raw_shard`` observation with its new
 signature as data version. A file the cursor has not seen yet gets none: a new shard is newly
 missing, which is all automation needs, and 10,000 new shards are then one partition request
-instead of 10,000 recorded events (183 s on SQLite, 497 s on PostgreSQL, measured by
-``bench/orchestration.py``). The same holds for the first tick after the cursor was reset: the
+instead of 10,000 recorded events (``daemon_apply`` against ``rewrite_apply`` in
+``bench/results/REPORT_orchestration.md``). The same holds for the first tick after the cursor was reset: the
 files it finds are recorded, not re-launched. Launching is Dagster's automation's job
 (``datamask_pipeline/automation.py``): a new shard is newly missing, a new data version is an
 updated dependency, and the ``datamask_automation`` sensor requests the shard's automated steps

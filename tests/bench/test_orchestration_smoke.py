@@ -45,6 +45,18 @@ def test_orchestration_bench_at_20_shards_on_sqlite(tmp_path):
     assert cell["slopes"] == {p: [] for p in orchestration.PARTS}  # one size: no slope
     assert cell["ours_under_limit"] is (row["ours_max_median_s"] < orchestration.OUR_TICK_LIMIT_S)
     assert res["browser"] == {"skipped": orchestration.BROWSER_SKIPPED}
+    md = (tmp_path / "REPORT_orchestration.md").read_text()
+    assert md == orchestration.report_markdown(res)
+    assert "| requested right after, corpus | {'features': 20} |" in md
+    assert "## Side by side in this run" in md
+
+
+def test_committed_report_is_the_committed_results():
+    """bench/results/REPORT_orchestration.md is what the bench renders from the committed
+    results (and the README's numbers come from the same file, tests/engine/test_docs.py)."""
+    res = json.loads((orchestration.RESULTS / "results_orchestration.json").read_text())
+    assert (orchestration.RESULTS / "REPORT_orchestration.md").read_text() == \
+        orchestration.report_markdown(res)
 
 
 def test_slopes_are_log_log_between_consecutive_sizes():
