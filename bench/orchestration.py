@@ -365,7 +365,8 @@ def before_from(path: str) -> dict:
     in this run's results so that the report sets them side by side."""
     old = json.loads(Path(path).read_text())
     out = {"file": str(path), "command": old["command"], "storages": {},
-           "loadavg": [old["machine"].get("loadavg_start"), old["machine"].get("loadavg_end")]}
+           "loadavg": [old["machine"].get("loadavg_start"), old["machine"].get("loadavg_end")],
+           "cpu_model": old["machine"].get("cpu_model")}
     for storage, cell in old.get("storages", {}).items():
         out["storages"][storage] = [
             {"shards": r["shards"],
@@ -462,8 +463,9 @@ def report_markdown(res: dict) -> str:
         lines += [f"## Against the previous record, at {big:,} shards", "",
                   f"Previous: `{before['command']}` (`{before['file']}`): every new shard was "
                   "observed when registered, and all four per-shard assets were automated. "
-                  "That was another run on this shared machine (load average "
-                  f"{before.get('loadavg')}), so these are not side-by-side ratios; the "
+                  f"That was another run ({before.get('cpu_model') or 'its CPU not recorded'}, "
+                  f"load average {before.get('loadavg')}; this run: {m.get('cpu_model')}), so "
+                  "these are not side-by-side ratios; the "
                   "side-by-side comparison is this run's `per_shard` variant (the previous "
                   "automation, evaluated in the same rounds), in the ratio table below.", "",
                   "| storage | part | previous | now |", "|---|---|---|---|"]

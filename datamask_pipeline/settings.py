@@ -28,7 +28,7 @@ Every default is a local path under the repository, so a newcomer needs no confi
 ``DATAMASK_CATALOG_CRON``  cron of the catalog rebuild when shards changed (default hourly)
 ``DATAMASK_SENSOR_INTERVAL_S``  seconds between raw-shard sensor evaluations (default 30)
 ``DATAMASK_AUTOMATION_INTERVAL_S``  seconds between automation evaluations (default 30; what
-                            one evaluation costs at 10,000 shards: README, "At 10,000 shards")
+                            one evaluation costs at 10,000 shards: README, "Scale")
 ``DATAMASK_FAILURE_WEBHOOK``  optional http(s) URL: every failed run is POSTed there as JSON
                             (shard, run id, job, reason) by ``shard_failure_sensor``
 ``DATAMASK_FRESHNESS_HOURS``  opt-in freshness policy of ``selected_subset`` and

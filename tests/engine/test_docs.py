@@ -167,3 +167,27 @@ def test_readme_learner_at_the_papers_settings_is_the_committed_run():
     assert f"at {min(ratios):,.0f}–{max(ratios):,.0f}× its time" in text
     # "paper does end above quality top-k"
     assert all(c["solvers"]["paper"]["f"] > c["f_topk"] for c in cells)
+
+
+def test_readme_orchestration_numbers_are_the_committed_run():
+    """Issue 20, item 7: the README's "At 10,000 shards" numbers are rendered from the committed
+    bench.orchestration results, and the interval it recommends covers the measured evaluation."""
+    from bench import orchestration
+
+    res = json.loads((REPO / "bench" / "results" / "results_orchestration.json").read_text())
+    text = " ".join(README.split())
+    assert orchestration.readme_numbers(res) in text
+    assert max(res["settings"]["shards"]) == 10_000 and {"sqlite", "postgres"} <= set(
+        s for s, c in res["storages"].items() if c.get("rows"))
+    n = 10_000
+    slowest_default = max(orchestration._median(res, s, n, "automation_first[corpus]")
+                          for s in ("sqlite", "postgres"))
+    slowest_per_shard = max(orchestration._median(res, s, n, "automation_first[per_shard]")
+                            for s in ("sqlite", "postgres"))
+    assert slowest_default < 30  # the default interval (automation_sensor) covers the default
+    # the interval the README recommends under per_shard covers that scope's evaluation
+    import re
+
+    m = re.search(r"under `per_shard` at this size, set `DATAMASK_AUTOMATION_INTERVAL_S=(\d+)`",
+                  text)
+    assert m and int(m.group(1)) > slowest_per_shard
