@@ -118,29 +118,53 @@ CASES = [("Pair_simi", 3000, 32, ("gather", "exchange")),
          ("DiSF", 1500, 128, ("gather", "exchange"))]
 
 
+def _deduplicated(x, q, ids, n):
+    """The corpus as the main job selects from it: the default deduplication (exact, fuzzy and
+    near duplicates of the generated texts and embeddings) leaves these rows."""
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+
+    texts = np.asarray(make_table(n, dim=x.shape[1], seed=3).column("text").to_pylist(),
+                       dtype=object)
+    return deduplicate(x, q, ids, np.zeros(n, int), np.arange(n), texts).keep[0]
+
+
 @pytest.mark.parametrize("term,n,dim,modes", CASES, ids=[c[0] for c in CASES])
 def test_corpus_modes_close_the_gap_on_every_cut(term, n, dim, modes):
+    """Issue 19's bar on the corpus the main job selects from (deduplicated by default; the
+    budget is of the input rows): every mode closes >= 0.98 of the gap from quality top-k to
+    exact greedy over the kept rows, whatever the cut, with the exact budget."""
     torch.manual_seed(0)
     x, q, ids, source = _corpus(n, dim)
     cfg = LearnerConfig.profile("pipeline", algorithm=term, lamb=LAMB)
     tm = cfg.diversity_term()
     k = round(RATIO * n)
-    ground = make_ground_set(x, q)
-    f_g = score_selection(ground, greedy(x, q, k, tm, LAMB), tm, LAMB).f
-    f_t = score_selection(ground, quality_topk(q, k, ids), tm, LAMB).f
+    keep = _deduplicated(x, q, ids, n)
+    kept = np.flatnonzero(keep)
+    assert k < kept.size < n  # the generated corpus has duplicates
+    ground = make_ground_set(x[kept], q[kept])
+    f_g = score_selection(ground, greedy(x[kept], q[kept], k, tm, LAMB), tm, LAMB).f
+    f_t = score_selection(ground, quality_topk(q[kept], k, ids[kept]), tm, LAMB).f
+    pos = np.full(n, -1)
+    pos[kept] = np.arange(kept.size)  # a corpus row's place among the kept rows
     cuts = make_cuts(q, source, 6, seed=0)
     assert len({len(r) for r in cuts["by_source"]}) > 1  # uneven sizes
+
+    def shards(files):
+        out = _shards(x, q, ids, files)
+        for s, r in zip(out, files):
+            s.keep = keep[r]
+        return out
+
     gathered = {}
     for cut, files in cuts.items():
-        per = select_corpus(_shards(x, q, ids, files), cfg, CorpusBudget("fraction", RATIO),
-                            mode="per_shard")
-        f_per = score_selection(ground, _union(per, files), tm, LAMB).f
+        per = select_corpus(shards(files), cfg, CorpusBudget("fraction", RATIO), mode="per_shard")
+        f_per = score_selection(ground, pos[_union(per, files)], tm, LAMB).f
         for mode in modes:
-            res = select_corpus(_shards(x, q, ids, files), cfg, CorpusBudget("fraction", RATIO),
-                                mode=mode)
+            res = select_corpus(shards(files), cfg, CorpusBudget("fraction", RATIO), mode=mode)
             u = _union(res, files)
             assert u.size == k and np.unique(u).size == k  # exact budget, no row twice
-            f = score_selection(ground, u, tm, LAMB).f
+            assert keep[u].all()  # no dropped duplicate selected
+            f = score_selection(ground, pos[u], tm, LAMB).f
             assert res.scores["selection"]["f"] == pytest.approx(f, rel=1e-5)
             assert gap_closed(f, f_t, f_g) >= 0.98, (cut, mode, gap_closed(f, f_t, f_g))
             assert f >= f_per - 1e-7  # never below the paper's independent blocks
@@ -150,6 +174,26 @@ def test_corpus_modes_close_the_gap_on_every_cut(term, n, dim, modes):
             assert gap_closed(f_per, f_t, f_g) < 0.9
     # gather selects the same rows however the corpus was cut
     assert all(np.array_equal(v, gathered["by_source"]) for v in gathered.values())
+
+
+def test_disf_greedy_on_duplicates_picks_one_tight_cluster():
+    """Why the bar above is measured after deduplication (README, "DiSF and near-duplicates"):
+    DiSF scores the correlations of the selection's standardised dimensions, so a blob of
+    near-duplicates with isotropic noise is nearly decorrelated, and exact greedy on the raw
+    generated corpus fills the whole budget from one tight cluster. topk+polish need not
+    reach that set by single swaps (on the raw 1,500 x 128 corpus it ended at 0.54 of the gap
+    on one machine and at 1.0 on another, by floating-point path)."""
+    x, q, ids, _ = _corpus(1500, 128)
+    tm = LearnerConfig.profile("pipeline", algorithm="DiSF", lamb=LAMB).diversity_term()
+    k = 150
+    g = greedy(x, q, k, tm, LAMB)
+    spread = np.median(x[g].std(axis=0)) / np.median(x.std(axis=0))
+    assert spread < 0.1  # per-dimension spread of greedy's pick: a twentieth of the corpus's
+    keep = _deduplicated(x, q, ids, 1500)
+    assert not keep[g].all()  # the deduplication drops members of that cluster
+    kept = np.flatnonzero(keep)
+    g2 = kept[greedy(x[kept], q[kept], k, tm, LAMB)]
+    assert np.median(x[g2].std(axis=0)) / np.median(x.std(axis=0)) > 0.5
 
 
 def test_exchange_moves_the_budget_to_the_better_shard():
