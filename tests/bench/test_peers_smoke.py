@@ -89,7 +89,8 @@ def test_dense_rows_are_refused_with_the_memory_they_need(monkeypatch):
     assert "0.0 GiB available" in why and "float32" in why
 
 
-@pytest.mark.skipif(not peers.peer_versions(("apricot",))[0], reason="apricot-select not installed")
+@pytest.mark.skipif(not peers.peer_versions(("apricot",))[0],
+                    reason=str(peers.peer_versions(("apricot",))[1].get("apricot")))
 def test_apricot_sparse_matrix_is_the_transposed_neighbour_lists():
     """apricot reads row j as the points j covers: the csr holds, in row j, each row i that
     lists j among its K neighbours, with their clipped cosine."""
