@@ -9,6 +9,14 @@ footer or a cosine >= the threshold: checked independently) per kind::
 
     python -m bench.dedup planted --pairs 500 --tag dedup_planted
 
+``main_job``: the README's main job (``python -m datamask_pipeline.demo --data-root D
+--algorithm Pair_simi``, a subprocess) on the same kind of corpus written as files of only id
+and text, by default, with ``--no-dedup`` and file by file (``--per-shard-chain``): rows
+selected against the budget, planted pairs with both members selected, selected pairs at
+cosine >= 0.95::
+
+    python -m bench.dedup main_job --pairs 500 --tag dedup_main_job
+
 ``scale``: time and peak memory of each kind at N rows of the generated sample::
 
     python -m bench.dedup scale --rows 1000000 --dim 256 --tag dedup_scale
@@ -40,12 +48,8 @@ def _paragraphs(min_chars: int = 80) -> list:
     return sorted(set(out))  # the reference manual repeats some paragraphs verbatim
 
 
-def run_planted(pairs: int, files: int, threshold: float, containment: float, seed: int,
-                footers: str = "same") -> dict:
-    from datamask_pipeline.engine.corpus.dedup import deduplicate
-    from datamask_pipeline.engine.embed import load_embedder
-
-    rng = np.random.default_rng(seed)
+def _planted_texts(rng, pairs: int, footers: str = "same") -> tuple:
+    """(paragraphs, the planted ones' indices, paragraphs + their planted copies)."""
     base = _paragraphs()
     src = rng.choice(len(base), size=pairs, replace=False)
     if footers == "same":
@@ -53,6 +57,16 @@ def run_planted(pairs: int, files: int, threshold: float, containment: float, se
     else:  # every copy its own footer line: no line is common to many texts
         words = sorted({w for p in base[:200] for w in p.lower().split() if w.isalpha()})
         texts = base + [base[i] + "\n" + " ".join(rng.choice(words, 12)) for i in src]
+    return base, src, texts
+
+
+def run_planted(pairs: int, files: int, threshold: float, containment: float, seed: int,
+                footers: str = "same") -> dict:
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+    from datamask_pipeline.engine.embed import load_embedder
+
+    rng = np.random.default_rng(seed)
+    base, src, texts = _planted_texts(rng, pairs, footers)
     n0, n = len(base), len(base) + pairs
     t0 = time.perf_counter()
     x = load_embedder().embed(texts)
@@ -99,6 +113,93 @@ def run_planted(pairs: int, files: int, threshold: float, containment: float, se
         print(f"{name:28s} recall {found / pairs:.3f}, both kept {both_kept}, dropped {len(dropped)} "
               f"({len(other)} not planted, {ok_other} of them justified) in {secs:.1f}s", flush=True)
     return out
+
+
+MAIN_JOB_VARIANTS = (("main job (default)", []), ("main job --no-dedup", ["--no-dedup"]),
+                     ("per file (--per-shard-chain)", ["--per-shard-chain"]))
+
+
+def run_main_job(pairs: int, files: int, seed: int, workdir: str, algorithm: str = "Pair_simi",
+                 near_cosine: float = 0.95, variants=MAIN_JOB_VARIANTS) -> dict:
+    """The README's main job on files of only ``id`` and ``text`` (real paragraphs with planted
+    copies in other files): ``python -m datamask_pipeline.demo --data-root D --algorithm A``
+    as a subprocess, per variant on its own data root and Dagster instance; then, from the
+    files it wrote under ``selected/`` (``selected_per_shard/`` for the per-file chain): rows
+    selected against the budget (10 % of the input rows), planted pairs with both members
+    selected, and pairs of selected rows at cosine >= ``near_cosine`` (the default model's
+    embeddings, computed here)."""
+    import os
+    import shutil
+    import subprocess
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from datamask_pipeline.engine.embed import load_embedder
+
+    rng = np.random.default_rng(seed)
+    base, src, texts = _planted_texts(rng, pairs)
+    n0, n = len(base), len(base) + pairs
+    file_of = rng.integers(0, files, size=n)
+    file_of[n0:] = (file_of[src] + 1 + rng.integers(0, files - 1, size=pairs)) % files
+    ids = np.array([f"doc{i:06d}" for i in range(n)])
+    xn = load_embedder().embed(texts)
+    xn = xn / np.linalg.norm(xn, axis=1, keepdims=True)
+    pos = {d: i for i, d in enumerate(ids)}
+    out = {"rows": n, "paragraphs": n0, "pairs": pairs, "files": files, "algorithm": algorithm,
+           "near_cosine": near_cosine, "budget_rows": int(round(0.1 * n)),
+           "cpu": cpu_model(), "variants": {}}
+    for name, extra in variants:
+        root = os.path.join(workdir, name.split(" (")[0].replace(" ", "_").replace("-", ""))
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root)
+        for f in range(files):
+            m = np.flatnonzero(file_of == f)
+            pq.write_table(pa.table({"id": ids[m], "text": [texts[i] for i in m]}),
+                           os.path.join(root, f"part_{f}.parquet"))
+        cmd = [sys.executable, "-m", "datamask_pipeline.demo", "--data-root", root,
+               "--algorithm", algorithm, *extra]
+        env = {**os.environ, "DAGSTER_HOME": os.path.join(root, ".dagster_home")}
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        secs = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        sel_dir = os.path.join(root, "selected_per_shard" if "--per-shard-chain" in extra
+                               else "selected")
+        sel = np.concatenate([pq.read_table(os.path.join(sel_dir, fn), columns=["id"])
+                              .column("id").to_numpy(zero_copy_only=False)
+                              for fn in sorted(os.listdir(sel_dir)) if fn.endswith(".parquet")])
+        rows = np.array([pos[d] for d in sel])
+        chosen = set(rows.tolist())
+        both = sum(1 for j, i in enumerate(src) if n0 + j in chosen and int(i) in chosen)
+        c = xn[rows] @ xn[rows].T
+        near = int((np.triu(c, 1) >= near_cosine).sum())
+        out["variants"][name] = {
+            "command": "python -m datamask_pipeline.demo --data-root D --algorithm "
+                       + " ".join([algorithm, *extra]),
+            "seconds": secs, "selected": int(rows.size), "distinct": len(chosen),
+            "planted_pairs_both_selected": both, "near_pairs": near}
+        print(f"{name:32s} {rows.size} selected ({len(chosen)} distinct; budget "
+              f"{out['budget_rows']}), planted pairs both selected {both}, pairs at cosine >= "
+              f"{near_cosine} {near}, {secs:.0f}s", flush=True)
+    return out
+
+
+def main_job_markdown(r: dict) -> str:
+    lines = [f"{r['paragraphs']:,} paragraphs of CPython's reference manual and {r['pairs']} "
+             f"planted copies (a paragraph with a footer line added, in another file than the "
+             f"original): {r['rows']:,} rows in {r['files']} files of only `id` and `text`, "
+             "through the README's main job with "
+             f"`--algorithm {r['algorithm']}` (quality scored from the text, embeddings computed, "
+             f"the budget 10 % of the input rows: {r['budget_rows']}). Near pairs: pairs of "
+             f"selected rows at cosine >= {r['near_cosine']} (the default model's embeddings).",
+             "", "| run | selected | planted pairs both selected | near pairs | seconds |",
+             "|---|---:|---:|---:|---:|"]
+    for name, v in r["variants"].items():
+        lines.append(f"| {name}: `{v['command']}` | {v['selected']:,} | "
+                     f"{v['planted_pairs_both_selected']} | {v['near_pairs']} | {v['seconds']:.0f} |")
+    return "\n".join(lines)
 
 
 def _same_group(dropped: dict, a: int, b: int) -> bool:
@@ -154,8 +255,9 @@ def planted_markdown(r: dict) -> str:
     pc = r["planted_cosine"]
     foot = ("the same footer line" if r.get("footers", "same") == "same"
             else "a footer line of its own (12 random words)")
-    lines = [f"{r['rows']:,} paragraphs of CPython's reference manual ({r['pairs']} of them planted "
-             f"again with {foot}, in another of {r['files']} files), embedded with the "
+    lines = [f"{r['rows'] - r['pairs']:,} paragraphs of CPython's reference manual and "
+             f"{r['pairs']} planted copies ({r['rows']:,} rows; a copy is a paragraph again with "
+             f"{foot}, in another of {r['files']} files), embedded with the "
              f"default model: the planted copies' cosine to their originals is {pc['min']:.3f} at "
              f"least, {pc['median']:.3f} in the median; {pc['share_ge_threshold']:.0%} reach the "
              f"near-duplicate threshold {r['threshold']}.", "",
@@ -187,10 +289,15 @@ def main(argv=None) -> int:
     a.add_argument("--threshold", type=float, default=0.98)
     a.add_argument("--containment", type=float, default=0.8)
     a.add_argument("--footers", default="same", choices=("same", "distinct"))
+    c = sub.add_parser("main_job")
+    c.add_argument("--pairs", type=int, default=500)
+    c.add_argument("--files", type=int, default=8)
+    c.add_argument("--algorithm", default="Pair_simi")
+    c.add_argument("--workdir", default="/tmp/dedup_main_job")
     b = sub.add_parser("scale")
     b.add_argument("--rows", type=int, default=1_000_000)
     b.add_argument("--dim", type=int, default=256)
-    for s in (a, b):
+    for s in (a, b, c):
         s.add_argument("--seed", type=int, default=0)
         s.add_argument("--tag", default=None)
         s.add_argument("--out", default="bench/results")
@@ -202,6 +309,9 @@ def main(argv=None) -> int:
         r = run_planted(args.pairs, args.files, args.threshold, args.containment, args.seed,
                         args.footers)
         md = planted_markdown(r)
+    elif args.what == "main_job":
+        r = run_main_job(args.pairs, args.files, args.seed, args.workdir, args.algorithm)
+        md = main_job_markdown(r)
     else:
         r = run_scale(args.rows, args.dim, args.seed)
         md = scale_markdown(r)

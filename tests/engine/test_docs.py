@@ -191,3 +191,20 @@ def test_readme_orchestration_numbers_are_the_committed_run():
     m = re.search(r"under `per_shard` at this size, set `DATAMASK_AUTOMATION_INTERVAL_S=(\d+)`",
                   text)
     assert m and int(m.group(1)) > slowest_per_shard
+
+
+def test_readme_dedup_through_the_main_job_is_the_committed_run():
+    """Issue 21: the README's main job on id+text files with planted duplicates, as measured:
+    the exact budget, no planted pair and no pair at cosine >= 0.95 both selected by default,
+    and what turning deduplication off (or selecting file by file) lets back in."""
+    from bench.dedup import main_job_markdown
+
+    r = json.loads((REPO / "bench" / "results" / "results_dedup_main_job.json").read_text())
+    assert main_job_markdown(r) in README and r["command"] in README
+    v = r["variants"]
+    default = v["main job (default)"]
+    assert default["selected"] == default["distinct"] == r["budget_rows"] == round(0.1 * r["rows"])
+    assert default["planted_pairs_both_selected"] == 0 and default["near_pairs"] == 0
+    assert r["near_cosine"] == 0.95 and r["algorithm"] == "Pair_simi"
+    for other in ("main job --no-dedup", "per file (--per-shard-chain)"):
+        assert v[other]["planted_pairs_both_selected"] > 5 and v[other]["near_pairs"] > 0
