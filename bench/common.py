@@ -238,3 +238,28 @@ def write_report(out_dir: str, tag: str | None, results: dict, markdown: str) ->
         json.dump(results, fh, indent=1, default=float)
     with open(os.path.join(out_dir, f"REPORT_{tag}.md"), "w") as fh:
         fh.write(f"# {tag}\n\nCommand: `{results['command']}`\n\n{markdown}\n")
+
+
+def main_job(root: str, args: list) -> tuple:
+    """Run the README's main job (``python -m datamask_pipeline.demo --data-root root`` plus
+    ``args``) as a subprocess on its own Dagster instance (``root/.dagster_home``); returns
+    (the ``id`` of every row it wrote under ``selected/``, or ``selected_per_shard/`` with
+    ``--per-shard-chain``; its wall seconds). Raises with the job's output when it fails."""
+    import subprocess
+    import sys
+
+    import pyarrow.parquet as pq
+
+    cmd = [sys.executable, "-m", "datamask_pipeline.demo", "--data-root", root, *args]
+    env = {**os.environ, "DAGSTER_HOME": os.path.join(root, ".dagster_home")}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    secs = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    sel_dir = os.path.join(root, "selected_per_shard" if "--per-shard-chain" in args
+                           else "selected")
+    ids = [pq.read_table(os.path.join(sel_dir, fn), columns=["id"]).column("id")
+           .to_numpy(zero_copy_only=False)
+           for fn in sorted(os.listdir(sel_dir)) if fn.endswith(".parquet")]
+    return (np.concatenate(ids) if ids else np.array([], dtype=object)), secs

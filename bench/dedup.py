@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from bench.common import cpu_model, write_report
+from bench.common import cpu_model, main_job, write_report
 
 FOOTER = "Shared from our weekly newsletter: subscribe for more articles like this one."
 
@@ -130,7 +130,6 @@ def run_main_job(pairs: int, files: int, seed: int, workdir: str, algorithm: str
     embeddings, computed here)."""
     import os
     import shutil
-    import subprocess
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -157,19 +156,7 @@ def run_main_job(pairs: int, files: int, seed: int, workdir: str, algorithm: str
             m = np.flatnonzero(file_of == f)
             pq.write_table(pa.table({"id": ids[m], "text": [texts[i] for i in m]}),
                            os.path.join(root, f"part_{f}.parquet"))
-        cmd = [sys.executable, "-m", "datamask_pipeline.demo", "--data-root", root,
-               "--algorithm", algorithm, *extra]
-        env = {**os.environ, "DAGSTER_HOME": os.path.join(root, ".dagster_home")}
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        secs = time.perf_counter() - t0
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-        sel_dir = os.path.join(root, "selected_per_shard" if "--per-shard-chain" in extra
-                               else "selected")
-        sel = np.concatenate([pq.read_table(os.path.join(sel_dir, fn), columns=["id"])
-                              .column("id").to_numpy(zero_copy_only=False)
-                              for fn in sorted(os.listdir(sel_dir)) if fn.endswith(".parquet")])
+        sel, secs = main_job(root, ["--algorithm", algorithm, *extra])
         rows = np.array([pos[d] for d in sel])
         chosen = set(rows.tolist())
         both = sum(1 for j, i in enumerate(src) if n0 + j in chosen and int(i) in chosen)

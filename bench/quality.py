@@ -366,12 +366,150 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
+MAIN_JOB_ALGORITHMS = ("Pair_simi", "DiSF", "Facility")
+
+
+def run_main_job(n_good: int, files: int, seed: int, workdir: str,
+                 algorithms=MAIN_JOB_ALGORITHMS) -> dict:
+    """The README's main job on files of only ``id`` and ``text``: ``n_good`` held-out man
+    pages and as many damaged documents made from other man pages (the bad kinds in turn),
+    spread at random over ``files`` files. The measure is independent of the scorer: whether a
+    selected document is a real page. Per diversity term: the share of real pages in the
+    selection against random (the corpus's share) and the measure's top-k (1 while the budget
+    is at most the real pages), and the gap closed between them."""
+    from bench.common import main_job
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    good = man_docs(n_good, seed)
+    if not good:
+        raise RuntimeError("no man pages on this machine (man, /usr/share/man)")
+    donors = [good[i] for i in rng.permutation(len(good))]
+    kinds = [BAD_KINDS[i % len(BAD_KINDS)] for i in range(len(good))]
+    texts = good + [make_bad(d, k, rng) for d, k in zip(donors, kinds)]
+    real = np.array([True] * len(good) + [False] * len(good))
+    n = real.size
+    ids = np.array([f"doc{i:06d}" for i in range(n)])
+    file_of = rng.integers(0, files, size=n)
+    k = int(round(0.1 * n))
+    share_random = float(real.mean())
+    share_top = float(min(1.0, real.sum() / k))
+    out = {"good": len(good), "bad": len(good), "rows": n, "files": files, "budget_rows": k,
+           "share_random": share_random, "share_topk": share_top, "cpu": cpu_model(),
+           "algorithms": {}}
+    out["by_combination"] = selection_by_combination(texts, real, k, algorithms)
+    pos = {d: i for i, d in enumerate(ids)}
+    for algorithm in algorithms:
+        root = os.path.join(workdir, algorithm)
+        shutil.rmtree(root, ignore_errors=True)
+        os.makedirs(root)
+        for f in range(files):
+            m = np.flatnonzero(file_of == f)
+            pq.write_table(pa.table({"id": ids[m], "text": [texts[i] for i in m]}),
+                           os.path.join(root, f"part_{f}.parquet"))
+        sel, secs = main_job(root, ["--algorithm", algorithm])
+        rows = np.array([pos[d] for d in sel])
+        share = float(real[rows].mean())
+        bad_kinds = {}
+        for i in rows[~real[rows]]:
+            kind = kinds[i - len(good)]
+            bad_kinds[kind] = bad_kinds.get(kind, 0) + 1
+        out["algorithms"][algorithm] = {
+            "command": f"python -m datamask_pipeline.demo --data-root D --algorithm {algorithm}",
+            "seconds": secs, "selected": int(rows.size), "share_real": share,
+            "gap_closed": (share - share_random) / (share_top - share_random),
+            "bad_selected_by_kind": bad_kinds}
+        print(f"{algorithm}: {rows.size} selected, {share:.3f} real (random {share_random:.3f}), "
+              f"gap closed {out['algorithms'][algorithm]['gap_closed']:.3f}, {secs:.0f}s",
+              flush=True)
+    return out
+
+
+def selection_by_combination(texts: list, real: np.ndarray, k: int, algorithms) -> dict:
+    """Why the combination matters beyond its AUC: the selection weighs the score's size
+    (λ · mean quality against the diversity gain), so a damaged text that scores 0.6 instead of
+    0.3 is cheap for a diversity term that likes it. Per combination of the default signals and
+    per term: the share of real pages in the whole corpus's selection of k rows (the engine's
+    select_shard, the pipeline profile at λ = 0.5: what ``gather`` runs, without deduplication)."""
+    from types import SimpleNamespace
+
+    from datamask_pipeline.engine import quality as Q
+    from datamask_pipeline.engine.config import LearnerConfig
+    from datamask_pipeline.engine.embed import load_embedder
+    from datamask_pipeline.engine.select import select_shard
+
+    x = load_embedder().embed(texts).astype(np.float32)
+    deg = Q.degrees(Q.signals(texts))
+    ids = np.array([f"doc{i:06d}" for i in range(len(texts))])
+    out = {}
+    for how in Q.COMBINATIONS:
+        q = Q.combine(deg, how).astype(np.float32)
+        shard = SimpleNamespace(embeddings=x, quality=q, ids=ids, n=len(texts))
+        row = {"score_real_median": float(np.median(q[real])),
+               "score_damaged_median": float(np.median(q[~real]))}
+        for algorithm in algorithms:
+            cfg = LearnerConfig.profile("pipeline", algorithm=algorithm, lamb=0.5,
+                                        select_ratio=k / len(texts))
+            sel = np.asarray(select_shard(shard, cfg, references=False).selected)
+            idx = np.flatnonzero(sel) if sel.dtype == bool else sel
+            row[algorithm] = float(real[idx].mean())
+        out[how] = row
+        print(f"combination {how}: " + ", ".join(f"{a} {row[a]:.3f}" for a in algorithms),
+              flush=True)
+    return out
+
+
+def main_job_markdown(r: dict) -> str:
+    lines = [f"{r['good']:,} man pages (held out from the scorer's tuning) and {r['bad']:,} "
+             f"damaged documents made from other man pages, in {r['files']} files of only `id` "
+             "and `text`, through the README's main job (quality scored from the text by the "
+             f"default scorer, deduplicated, budget 10 %: {r['budget_rows']} rows). The measure "
+             "is independent of the scorer: whether a selected document is a real page. Random "
+             f"selects {r['share_random']:.0%} real pages, the measure's top-k "
+             f"{r['share_topk']:.0%}.", "",
+             "| run | selected | real pages | gap closed (random → top-k) | damaged kinds selected | seconds |",
+             "|---|---:|---:|---:|---|---:|"]
+    for a, v in r["algorithms"].items():
+        kinds = ", ".join(f"{k} {c}" for k, c in sorted(v["bad_selected_by_kind"].items())) or "none"
+        lines.append(f"| `{v['command']}` | {v['selected']} | {v['share_real']:.1%} | "
+                     f"{v['gap_closed']:.3f} | {kinds} | {v['seconds']:.0f} |")
+    from datamask_pipeline.engine import quality as Q
+
+    algos = list(r["algorithms"])
+    lines += ["", "Real pages in the selection by the heuristic's combination (the same corpus "
+              "and budget, selected whole by the engine at λ = 0.5, no deduplication; median "
+              "score of real and damaged documents):", "",
+              "| combination | score real / damaged | " + " | ".join(algos) + " |",
+              "|---|---|" + "---:|" * len(algos)]
+    for how, row in r["by_combination"].items():
+        mark = " **(default)**" if how == Q.COMBINATION else ""
+        lines.append(f"| {how}{mark} | {row['score_real_median']:.3f} / "
+                     f"{row['score_damaged_median']:.3f} | "
+                     + " | ".join(f"{row[a]:.1%}" for a in algos) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--out", default=str(REPO / "bench" / "results"))
     p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--main-job", type=int, default=None, metavar="N",
+                   help="instead: the README's main job on N man pages and N damaged documents "
+                   "in id+text files, per diversity term (results_quality_main_job.json)")
+    p.add_argument("--workdir", default="/tmp/quality_main_job")
     args = p.parse_args(argv)
+    if args.main_job:
+        from .common import write_report
+
+        r = run_main_job(args.main_job, 8, 0, args.workdir)
+        r["command"] = "python -m bench.quality --main-job " + str(args.main_job)
+        md = main_job_markdown(r)
+        print(md)
+        write_report(args.out, "quality_main_job", r, md)
+        return 0
     reps = args.reps or (1 if args.quick else 3)
     cmd = "python -m bench.quality" + (" --quick" if args.quick else "")
     sample = build_sample(args.quick)
