@@ -25,3 +25,24 @@ def test_auc_counts_ties_half():
     assert bench_quality._auc([1, 2], [0, 0]) == 1.0
     assert bench_quality._auc([1], [1]) == 0.5
     assert bench_quality._auc([0, 2], [1, 1]) == 0.5
+
+
+def test_main_job_run_counts_real_pages_in_what_the_main_job_selected(tmp_path):
+    """bench.quality --main-job at a small size: the README's main job (a subprocess) selects
+    the budget from id+text files; the share of real pages is recomputed from its files."""
+    import numpy as np
+    import pyarrow.parquet as pq
+    import pytest
+
+    if not bench_quality.man_docs(1):
+        pytest.skip("no man pages on this machine (man, /usr/share/man)")
+    r = bench_quality.run_main_job(20, 2, 0, str(tmp_path), algorithms=("Pair_simi",))
+    v = r["algorithms"]["Pair_simi"]
+    assert r["rows"] == 40 and r["budget_rows"] == 4 == v["selected"]
+    ids = np.concatenate([pq.read_table(f, columns=["id"]).column("id").to_numpy(
+        zero_copy_only=False) for f in sorted((tmp_path / "Pair_simi" / "selected").glob("*.parquet"))])
+    real = np.array([int(i[3:]) < 20 for i in ids])  # the first 20 documents are the real pages
+    assert ids.size == 4 and v["share_real"] == real.mean()
+    assert set(r["by_combination"]) == set(Q.COMBINATIONS)
+    assert all(0.0 <= row["Pair_simi"] <= 1.0 for row in r["by_combination"].values())
+    assert bench_quality.main_job_markdown(r).count("\n| ") >= 2 + len(Q.COMBINATIONS)
