@@ -240,6 +240,27 @@ def write_report(out_dir: str, tag: str | None, results: dict, markdown: str) ->
         fh.write(f"# {tag}\n\nCommand: `{results['command']}`\n\n{markdown}\n")
 
 
+def main_job_on_texts(root: str, ids, texts: list, file_of, args: list) -> tuple:
+    """Write the corpus as files of only ``id`` and ``text`` (``part_<f>.parquet``, one per
+    value of ``file_of``) into a fresh ``root``, run :func:`main_job` there; returns (each
+    selected row's position in ``ids``, the job's wall seconds)."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(root)
+    ids, file_of = np.asarray(ids), np.asarray(file_of)
+    for f in np.unique(file_of):
+        m = np.flatnonzero(file_of == f)
+        pq.write_table(pa.table({"id": ids[m], "text": [texts[i] for i in m]}),
+                       os.path.join(root, f"part_{f}.parquet"))
+    sel, secs = main_job(root, args)
+    pos = {d: i for i, d in enumerate(ids.tolist())}
+    return np.array([pos[d] for d in sel], dtype=np.int64), secs
+
+
 def main_job(root: str, args: list) -> tuple:
     """Run the README's main job (``python -m datamask_pipeline.demo --data-root root`` plus
     ``args``) as a subprocess on its own Dagster instance (``root/.dagster_home``); returns

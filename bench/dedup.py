@@ -31,7 +31,7 @@ import time
 
 import numpy as np
 
-from bench.common import cpu_model, main_job, write_report
+from bench.common import cpu_model, main_job_on_texts, write_report
 
 FOOTER = "Shared from our weekly newsletter: subscribe for more articles like this one."
 
@@ -129,10 +129,6 @@ def run_main_job(pairs: int, files: int, seed: int, workdir: str, algorithm: str
     selected, and pairs of selected rows at cosine >= ``near_cosine`` (the default model's
     embeddings, computed here)."""
     import os
-    import shutil
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from datamask_pipeline.engine.embed import load_embedder
 
@@ -144,20 +140,12 @@ def run_main_job(pairs: int, files: int, seed: int, workdir: str, algorithm: str
     ids = np.array([f"doc{i:06d}" for i in range(n)])
     xn = load_embedder().embed(texts)
     xn = xn / np.linalg.norm(xn, axis=1, keepdims=True)
-    pos = {d: i for i, d in enumerate(ids)}
     out = {"rows": n, "paragraphs": n0, "pairs": pairs, "files": files, "algorithm": algorithm,
            "near_cosine": near_cosine, "budget_rows": int(round(0.1 * n)),
            "cpu": cpu_model(), "variants": {}}
     for name, extra in variants:
         root = os.path.join(workdir, name.split(" (")[0].replace(" ", "_").replace("-", ""))
-        shutil.rmtree(root, ignore_errors=True)
-        os.makedirs(root)
-        for f in range(files):
-            m = np.flatnonzero(file_of == f)
-            pq.write_table(pa.table({"id": ids[m], "text": [texts[i] for i in m]}),
-                           os.path.join(root, f"part_{f}.parquet"))
-        sel, secs = main_job(root, ["--algorithm", algorithm, *extra])
-        rows = np.array([pos[d] for d in sel])
+        rows, secs = main_job_on_texts(root, ids, texts, file_of, ["--algorithm", algorithm, *extra])
         chosen = set(rows.tolist())
         both = sum(1 for j, i in enumerate(src) if n0 + j in chosen and int(i) in chosen)
         c = xn[rows] @ xn[rows].T

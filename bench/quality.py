@@ -377,10 +377,7 @@ def run_main_job(n_good: int, files: int, seed: int, workdir: str,
     selected document is a real page. Per diversity term: the share of real pages in the
     selection against random (the corpus's share) and the measure's top-k (1 while the budget
     is at most the real pages), and the gap closed between them."""
-    from bench.common import main_job
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    from bench.common import main_job_on_texts
 
     rng = np.random.default_rng(seed)
     good = man_docs(n_good, seed)
@@ -400,17 +397,9 @@ def run_main_job(n_good: int, files: int, seed: int, workdir: str,
            "share_random": share_random, "share_topk": share_top, "cpu": cpu_model(),
            "algorithms": {}}
     out["by_combination"] = selection_by_combination(texts, real, k, algorithms)
-    pos = {d: i for i, d in enumerate(ids)}
     for algorithm in algorithms:
-        root = os.path.join(workdir, algorithm)
-        shutil.rmtree(root, ignore_errors=True)
-        os.makedirs(root)
-        for f in range(files):
-            m = np.flatnonzero(file_of == f)
-            pq.write_table(pa.table({"id": ids[m], "text": [texts[i] for i in m]}),
-                           os.path.join(root, f"part_{f}.parquet"))
-        sel, secs = main_job(root, ["--algorithm", algorithm])
-        rows = np.array([pos[d] for d in sel])
+        rows, secs = main_job_on_texts(os.path.join(workdir, algorithm), ids, texts, file_of,
+                                       ["--algorithm", algorithm])
         share = float(real[rows].mean())
         bad_kinds = {}
         for i in rows[~real[rows]]:
