@@ -133,17 +133,23 @@ _AFTER = {("features", "mask"): "stale: features were re-materialized after the 
               "stale: the mask was re-materialized after the selected subset"}
 
 
+def raw_files(data_root: DataRoot) -> dict:
+    """{key: (size, mtime_ns)} of the raw location's shards, from one listing ({} when the
+    location does not exist yet)."""
+    try:
+        return scan_raw(data_root.raw_root).files
+    except storage.StorageError:
+        return {}
+
+
 def stale_reasons(instance: dg.DagsterInstance, keys, data_root: DataRoot,
-                  records: dict | None = None, chain=CHAIN) -> dict:
+                  records: dict | None = None, chain=CHAIN, raw: dict | None = None) -> dict:
     """{key: why the shard needs a run of ``chain``} for every shard of ``keys`` that does
     (up-to-date ones are left out). Three event-log queries per asset (not per shard) and one
     listing each of the raw and the selected location, whatever the number of shards."""
     keys = list(keys)
     recs = records or {a.key: _latest_records(instance, a.key, keys) for a in chain}
-    try:
-        raw = scan_raw(data_root.raw_root).files
-    except storage.StorageError:
-        raw = {}
+    raw = raw_files(data_root) if raw is None else raw
     selected = _selected_files(data_root) if selected_subset in chain else None
     current = {a.key: _code_version(a) for a in chain}
     names = [a.key.to_user_string() for a in chain]
@@ -195,17 +201,21 @@ def blocked_by_checks(instance: dg.DagsterInstance, keys, features_records: dict
     return out
 
 
-def plan(instance: dg.DagsterInstance, data_root: DataRoot, scope: str | None = None) -> Plan:
+def plan(instance: dg.DagsterInstance, data_root: DataRoot, scope: str | None = None,
+         raw: dict | None = None, records: dict | None = None) -> Plan:
     """The dry run: what automation's ``scope`` (default: ``DATAMASK_AUTOMATION``) would run
-    and what it would cost (see the module doc)."""
+    and what it would cost (see the module doc). ``raw`` (:func:`raw_files`) and ``records``
+    ({asset key: latest records}) may be passed in by a caller that has them already."""
     scope = scope or automation.env_scope()
     keys = sorted(instance.get_dynamic_partitions(PARTITIONS_NAME))
-    recs = {a.key: _latest_records(instance, a.key, keys) for a in CHAIN}
-    reasons = stale_reasons(instance, keys, data_root, records=recs, chain=CHAINS[scope])
-    try:
-        raw = scan_raw(data_root.raw_root).files
-    except storage.StorageError:
-        raw = {}
+    recs = dict(records or {})
+    # the scope's steps, and mask for the measured seconds per row
+    for a in dict.fromkeys((*CHAINS[scope], mask)):
+        if a.key not in recs:
+            recs[a.key] = _latest_records(instance, a.key, keys)
+    raw = raw_files(data_root) if raw is None else raw
+    reasons = stale_reasons(instance, keys, data_root, records=recs, chain=CHAINS[scope],
+                            raw=raw)
     # every ingested shard (not only those listed): under the corpus scope a shard whose checks
     # failed has its features and is listed nowhere else, yet the corpus selection leaves it out
     blocked = blocked_by_checks(instance, keys, recs[features.key], raw)
@@ -245,11 +255,7 @@ def corpus_plan(instance: dg.DagsterInstance, data_root: DataRoot, features_reco
     keys = sorted(instance.get_dynamic_partitions(PARTITIONS_NAME))
     if features_records is None:
         features_records = _latest_records(instance, features.key, keys)
-    if raw is None:
-        try:
-            raw = scan_raw(data_root.raw_root).files
-        except storage.StorageError:
-            raw = {}
+    raw = raw_files(data_root) if raw is None else raw
     last = instance.fetch_materializations(CORPUS_KEY, limit=1).records
     status = latest_check_status(instance, list(features_records))
     present = sorted(k for k in features_records if k in raw
@@ -352,11 +358,15 @@ def main(argv=None) -> int:
     settings.ensure_dagster_home()
     instance = dg.DagsterInstance.get()
     data_root = DataRoot(root=settings.data_root(), raw=settings.raw_root())
-    p = plan(instance, data_root)
+    # one raw listing and one query of the features' records serve both plans
+    raw = raw_files(data_root)
+    keys = sorted(instance.get_dynamic_partitions(PARTITIONS_NAME))
+    feats = _latest_records(instance, features.key, keys)
+    p = plan(instance, data_root, raw=raw, records={features.key: feats})
     if args.keys:
         print(",".join(sorted(p.reasons)))
         return 0
-    c = corpus_plan(instance, data_root)
+    c = corpus_plan(instance, data_root, features_records=feats, raw=raw)
     if args.json:
         print(json.dumps({**p.as_dict(), "corpus": c}, indent=2, sort_keys=True))
     else:
