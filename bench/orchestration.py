@@ -471,8 +471,7 @@ def report_markdown(res: dict) -> str:
                   "| storage | part | previous | now |", "|---|---|---|---|"]
         for storage, old_rows in before["storages"].items():
             old = next((r for r in old_rows if r["shards"] == big), None)
-            new = next((r for r in res["storages"].get(storage, {}).get("rows", [])
-                        if r["shards"] == big), None)
+            new = _row(res, storage, big)
             if not old or not new:
                 continue
             lines.append(f"| {storage} | daemon records N new shards | "
@@ -510,10 +509,14 @@ def report_markdown(res: dict) -> str:
     return "\n".join(lines)
 
 
+def _row(res: dict, storage: str, n: int) -> dict | None:
+    """The results' row of ``storage`` at ``n`` shards (None when not measured)."""
+    return next((r for r in res["storages"].get(storage, {}).get("rows", [])
+                 if r["shards"] == n), None)
+
+
 def _median(res: dict, storage: str, n: int, part: str) -> float | None:
-    row = next((r for r in res["storages"].get(storage, {}).get("rows", [])
-                if r["shards"] == n), None)
-    st = (row or {}).get(part)
+    st = (_row(res, storage, n) or {}).get(part)
     return st["median_s"] if st else None
 
 

@@ -8,8 +8,8 @@ one the cursor holds (rewritten in place) gets a ``raw_shard`` observation with 
 signature as data version. A file the cursor has not seen yet gets none: a new shard is newly
 missing, which is all automation needs, and 10,000 new shards are then one partition request
 instead of 10,000 recorded events (``daemon_apply`` against ``rewrite_apply`` in
-``bench/results/REPORT_orchestration.md``). The same holds for the first tick after the cursor was reset: the
-files it finds are recorded, not re-launched. Launching is Dagster's automation's job
+``bench/results/REPORT_orchestration.md``). The same holds for the first tick after the cursor
+was reset: the files it finds are recorded, not re-launched. Launching is Dagster's automation's job
 (``datamask_pipeline/automation.py``): a new shard is newly missing, a new data version is an
 updated dependency, and the ``datamask_automation`` sensor requests the shard's automated steps
 (one backfill for many shards).
