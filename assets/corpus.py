@@ -246,8 +246,6 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
     (``corpus/duplicates.parquet``: each dropped row, the row it duplicates, why, the cosine);
     the best-quality member of each group stays. The corpus selection never selects a dropped
     row."""
-    from datamask_pipeline.engine.corpus.dedup import deduplicate
-
     engine = _dedup_engine(config)
     shards_, excluded = corpus_shards(context, data_root, contract, None)
     versions = {s.key: s.version for s in shards_}
@@ -255,29 +253,12 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
             "dup_of_row": [], "dup_of_id": [], "reason": [], "cosine": [], "containment": []}
     stats = {"enabled": config.enabled, "threshold": config.threshold, "rows": 0, "dropped": 0,
              "engine": engine}
-    if config.enabled and shards_ and engine == "ray":
-        res = _dedup_on_ray(context, config, data_root, contract, ray, shards_)
-        ids_txt = _lineage_ids(res, shards_, data_root)
-    if config.enabled and shards_ and engine == "local":
-        parts = [s.load() for s in shards_]
-        # ids as text (shards may differ in id type): dedup's tie-break and the lineage
-        ids_txt = [pc.cast(pa.array(p.ids), pa.string()).to_numpy(zero_copy_only=False)
-                   for p in parts]
-        texts = None
-        if config.exact or config.fuzzy:
-            got = [_raw_texts(data_root.raw_shard(s.key), contract.text_column) for s in shards_]
-            if all(t is not None for t in got):
-                texts = pa.chunked_array(got).combine_chunks() if len(got) > 1 else got[0]
-        res = deduplicate(
-            np.concatenate([p.embeddings for p in parts]),
-            np.concatenate([np.asarray(p.quality, dtype=np.float64) for p in parts]),
-            np.concatenate(ids_txt),
-            np.concatenate([np.full(p.n, i) for i, p in enumerate(parts)]),
-            np.concatenate([np.arange(p.n) for p in parts]), texts, exact=config.exact,
-            fuzzy=config.fuzzy, containment=config.containment, near=config.near,
-            threshold=config.threshold, rows_per_cluster=config.rows_per_cluster)
-        del parts
     if config.enabled and shards_:
+        if engine == "ray":
+            res = _dedup_on_ray(context, config, data_root, contract, ray, shards_)
+            ids_txt = _lineage_ids(res, shards_, data_root)
+        else:
+            res, ids_txt = _dedup_local(config, data_root, contract, shards_)
         for d in res.dropped:
             rows["partition_key"].append(shards_[d["shard"]].key)
             rows["row"].append(d["row"])
@@ -329,6 +310,32 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
         "duplicates": dg.MetadataValue.path(out),
         "dagster/row_count": table.num_rows,
     }, data_version=dg.DataVersion(storage.sha256(out)[:16]))
+
+
+def _dedup_local(config: DedupConfig, data_root: DataRoot, contract: DataContract,
+                 shards_: list):
+    """``deduplicate`` in this process, every shard's rows in memory (the texts only when
+    every raw file has the text column). Returns (the result, each shard's ids as text)."""
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+
+    parts = [s.load() for s in shards_]
+    # ids as text (shards may differ in id type): dedup's tie-break and the lineage
+    ids_txt = [pc.cast(pa.array(p.ids), pa.string()).to_numpy(zero_copy_only=False)
+               for p in parts]
+    texts = None
+    if config.exact or config.fuzzy:
+        got = [_raw_texts(data_root.raw_shard(s.key), contract.text_column) for s in shards_]
+        if all(t is not None for t in got):
+            texts = pa.chunked_array(got).combine_chunks() if len(got) > 1 else got[0]
+    res = deduplicate(
+        np.concatenate([p.embeddings for p in parts]),
+        np.concatenate([np.asarray(p.quality, dtype=np.float64) for p in parts]),
+        np.concatenate(ids_txt),
+        np.concatenate([np.full(p.n, i) for i, p in enumerate(parts)]),
+        np.concatenate([np.arange(p.n) for p in parts]), texts, exact=config.exact,
+        fuzzy=config.fuzzy, containment=config.containment, near=config.near,
+        threshold=config.threshold, rows_per_cluster=config.rows_per_cluster)
+    return res, ids_txt
 
 
 def _dedup_on_ray(context, config: DedupConfig, data_root: DataRoot, contract: DataContract,
