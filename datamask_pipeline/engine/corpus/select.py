@@ -14,11 +14,14 @@
 * ``auto``: ``gather`` while the corpus fits (``gather_max_rows`` and the memory
   pre-flight), else ``exchange`` for the terms with statistics, else ``per_shard``.
 
-Every mode returns a :class:`CorpusSelection` whose scores are the whole corpus's f.
+``gather`` and ``random_blocks`` hold the corpus in one process; ``per_shard`` and
+``exchange`` run one task per shard for every pass (:mod:`engine.corpus.sharded`, in this
+process or on Ray) and hold O(shards · d² + candidates) here. Every mode returns a :class:`CorpusSelection` whose scores are the whole corpus's f.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from dataclasses import dataclass, field
@@ -29,7 +32,7 @@ import torch
 
 from ..config import ConfigError, LearnerConfig
 from .budget import CorpusBudget, allocate, fit_tokens
-from .stats import HAS_STATS, stats_for
+from .stats import HAS_STATS
 
 __all__ = ["CorpusShard", "CorpusSelection", "MODES", "select_corpus", "block_of",
            "GATHER_MAX_ROWS"]
@@ -42,28 +45,72 @@ WHOLE = "whole corpus (the shard objective on all rows)"
 @dataclass
 class CorpusShard:
     """One shard of the corpus: its key, row count, a loader of its validated features
-    (an engine ``Shard``: ids, quality, embeddings) and, for token budgets, its rows' tokens."""
+    (an engine ``Shard``: ids, quality, embeddings) and, for token budgets, its rows' tokens.
+
+    ``keep``: the rows that may be selected (deduplication), a bool mask or a function that
+    returns it (read by the shard's own task, so the coordinator never holds every shard's
+    mask); None = all. A function needs ``n_kept``, the number of rows it keeps. Loaders and
+    masks must pickle (a module-level function or ``functools.partial``) for Ray tasks."""
 
     key: str
     n: int
     load: Callable
     tokens: np.ndarray | None = None
     version: str | None = None  # e.g. the features file's content hash: part of checkpoint keys
-    keep: np.ndarray | None = None  # rows that may be selected (deduplication); None = all
+    keep: object = None
+    n_kept: int | None = None
+    keep_of: object = None  # in a kept view: the original shard's keep (maps rows back)
 
     def kept(self) -> "CorpusShard":
-        """This shard restricted to its kept rows (row numbers renumbered; ``keep`` maps them
-        back)."""
+        """This shard restricted to its kept rows (row numbers renumbered; ``own_rows`` maps
+        them back)."""
         if self.keep is None:
             return self
-        keep = np.asarray(self.keep, dtype=bool)
-        if keep.size != self.n:
-            raise ConfigError(f"shard {self.key}: keep mask of {keep.size} rows, {self.n} expected")
-        load = self.load
-        return CorpusShard(
-            key=self.key, n=int(keep.sum()), version=self.version,
-            tokens=None if self.tokens is None else np.asarray(self.tokens)[keep],
-            load=lambda: Part(*(np.asarray(a)[keep] for a in _arrays(load()))))
+        if callable(self.keep):
+            if self.n_kept is None:
+                raise ConfigError(f"shard {self.key}: a keep function needs n_kept")
+            n, tokens = int(self.n_kept), None
+        else:
+            keep = np.asarray(self.keep, dtype=bool)
+            if keep.size != self.n:
+                raise ConfigError(f"shard {self.key}: keep mask of {keep.size} rows, "
+                                  f"{self.n} expected")
+            n = int(keep.sum())
+            tokens = None if self.tokens is None else np.asarray(self.tokens)[keep]
+        return CorpusShard(key=self.key, n=n, version=self.version, tokens=tokens,
+                           load=functools.partial(_load_kept, self.load, self.keep),
+                           keep_of=self.keep)
+
+    def _mask(self) -> np.ndarray | None:
+        keep = self.keep_of
+        if keep is None:
+            return None
+        return np.asarray(keep() if callable(keep) else keep, dtype=bool)
+
+    def own_rows(self, rows: np.ndarray) -> np.ndarray:
+        """Row numbers of this (kept) view in the shard's own numbering."""
+        m = self._mask()
+        rows = np.asarray(rows, dtype=np.int64)
+        return rows if m is None else np.flatnonzero(m)[rows]
+
+    def kept_rows(self, own: np.ndarray) -> np.ndarray:
+        """The shard's own row numbers in this view's numbering (rows not kept left out)."""
+        m = self._mask()
+        own = np.asarray(own, dtype=np.int64)
+        if m is None:
+            return own[(own >= 0) & (own < self.n)]
+        own = own[(own >= 0) & (own < m.size)]
+        own = own[m[own]]
+        return np.cumsum(m)[own] - 1
+
+
+def _load_kept(load, keep):
+    """A shard's kept rows (``CorpusShard.kept``'s loader; module-level so that it pickles)."""
+    m = np.asarray(keep() if callable(keep) else keep, dtype=bool)
+    part = load()
+    if m.size != part.n:
+        raise ConfigError(f"keep mask of {m.size} rows for a shard of {part.n}")
+    return Part(*(np.asarray(a)[m] for a in _arrays(part)))
 
 
 @dataclass
@@ -211,40 +258,19 @@ def _global_topk(q_all: np.ndarray, k: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------ scoring
-def _score_sets(shards, loaded, quality, spill, sets: dict, term_name: str, cfg, device,
-                whole: bool) -> tuple:
-    """Whole-corpus scores of several selections (global row numbers); beyond memory, from the
-    selected rows' statistics, read from the shards' spilled copies where there are some."""
+def _score_whole(shards, sets: dict, cfg, device) -> dict:
+    """Whole-corpus scores of several selections (global row numbers, shards in order), with
+    every row at once: only for a corpus that fits one selection."""
     from ..evaluate import make_ground_set
     from ..select import score_selection
 
-    if whole:
-        g = _Gathered([loaded(i) for i in range(len(shards))])
-        pos = np.empty_like(g.order)
-        pos[g.order] = np.arange(g.order.size)
-        ground = make_ground_set(g.embeddings, g.quality, device=device)
-        term = cfg.diversity_term()
-        return ({name: score_selection(ground, pos[idx], term, cfg.lamb).as_dict()
-                 for name, idx in sets.items()}, WHOLE)
-    if term_name not in HAS_STATS:
-        return None, None
-    offsets = np.cumsum([0] + [s.n for s in shards])
-    d = None
-    parts, st = {}, None
-    for i in range(len(shards)):
-        x = spill.rows[i] if spill is not None and i in spill.rows else loaded(i).embeddings
-        q = quality(i)
-        if st is None:
-            d = x.shape[1]
-            st = stats_for(term_name, cfg.lamb, d, ref=np.asarray(x[0]))
-            parts = {name: st.zero() for name in sets}
-        for name, idx in sets.items():
-            lo, hi = np.searchsorted(idx, [offsets[i], offsets[i + 1]])
-            rows = idx[lo:hi] - offsets[i]
-            if rows.size:
-                parts[name] = st.add(parts[name], st.rows(x[rows]), q[rows])
-    return ({name: st.f(parts[name], len(idx)) for name, idx in sets.items()},
-            "sufficient statistics (exact f of the selected rows)")
+    g = _Gathered([s.load() for s in shards])
+    pos = np.empty_like(g.order)
+    pos[g.order] = np.arange(g.order.size)
+    ground = make_ground_set(g.embeddings, g.quality, device=device)
+    term = cfg.diversity_term()
+    return {name: score_selection(ground, pos[idx], term, cfg.lamb).as_dict()
+            for name, idx in sets.items()}
 
 
 # ------------------------------------------------------------------ entry
@@ -266,16 +292,19 @@ def select_corpus(
     checkpoint_dir: str | None = None,
     budget_of_input: bool = True,
     warm_start: dict | None = None,
+    executor=None,
     log: Callable = lambda msg: None,
 ) -> CorpusSelection:
     """Select ``budget`` of the corpus made of ``shards`` (:class:`CorpusShard`) for ``cfg``'s
     objective (λ, terms, solver for the per-shard and gathered solves) and score the result on
-    the whole corpus. Budget errors are raised before any shard is read. Shards are held in
-    memory together only when the corpus fits one selection; otherwise they are read one at a
-    time, and the exchange rounds read them back from float32 copies under ``workdir`` (a
-    temporary directory when unset), removed at the end. With ``checkpoint_dir`` (a local
-    directory) each shard's start selection and every exchange round are checkpointed, so a
-    killed run resumes where it stopped; the checkpoints are removed when it finishes.
+    the whole corpus. Budget errors are raised before any shard is read.
+
+    ``gather`` and ``random_blocks`` hold the corpus in this process (a corpus that fits one
+    selection). ``per_shard`` and ``exchange`` run one task per shard for every pass on
+    ``executor`` (:mod:`engine.corpus.executor`; default: in this process), and keep each
+    shard's selection in the run's state under ``checkpoint_dir`` (any path or URI the storage
+    layer reads: a killed run resumes from its last round there; removed when the run ends)
+    or, without one, a temporary directory under ``workdir``.
 
     Rows outside a shard's ``keep`` mask (duplicates) are never selected; a fraction budget is
     of the input rows (``budget_of_input``, default) or of the kept rows.
@@ -285,6 +314,7 @@ def select_corpus(
     made k rows by the linearised gains (new shards' rows enter, removed ones' leave), then the
     rounds run. Other modes ignore it."""
     from ..device import resolve_device
+    from .executor import InProcess
 
     t_start = time.perf_counter()
     if mode not in MODES:
@@ -295,9 +325,8 @@ def select_corpus(
     if len(set(keys)) != len(keys):
         raise ConfigError("corpus: shard keys repeat")
     dev = resolve_device(device)
+    ex = executor or InProcess()
     n_input = int(sum(s.n for s in shards))
-    maps = [None if s.keep is None else np.flatnonzero(np.asarray(s.keep, dtype=bool))
-            for s in shards]
     shards = [s.kept() for s in shards]
     n = int(sum(s.n for s in shards))
     tokens_total = None
@@ -318,35 +347,10 @@ def select_corpus(
     term_name = cfg.term_label
     notes: list = []
 
-    cache: dict = {}  # shards held in memory: all of them when the corpus fits, else none
-    qual: dict = {}  # every shard's quality, kept from its first read
-    spill = None  # exchange beyond memory: each shard's float32 copy on disk, from its first read
+    from .sharded import task_head
 
-    def loaded(i):
-        if i in cache:
-            return cache[i]
-        sh = shards[i].load()
-        if sh.n != shards[i].n:
-            raise ConfigError(f"shard {shards[i].key}: {sh.n} rows read, {shards[i].n} expected")
-        qual[i] = np.asarray(sh.quality, dtype=np.float64)
-        if hold:
-            cache[i] = sh
-        if spill is not None:
-            spill.put(i, sh.embeddings)
-        return sh
-
-    def quality(i):
-        if i not in qual:
-            loaded(i)
-        return qual[i]
-
-    def quality_of_all():
-        return np.concatenate([quality(i) for i in range(len(shards))])
-
-    hold = True
-    d = loaded(0).d
+    d, ref = ex.map(task_head, [(shards[0],)])[0]
     fits, why = _fits_gather(n, d, cfg, dev, gather_max_rows)
-    hold = fits
     chosen = mode
     if mode == "auto":
         if fits:
@@ -363,141 +367,173 @@ def select_corpus(
                           f"({', '.join(HAS_STATS)}); {term_name} has none: use gather or "
                           "per_shard")
     log(f"corpus: {n:,} rows in {len(shards)} shard(s), budget {budget.label} -> k={k:,}; "
-        f"mode {chosen}")
-    if chosen == "exchange" and not hold:
-        spill = _Spill(workdir)
-        spill.put(0, cache[0].embeddings)
-    if not hold:
-        cache.clear()
+        f"mode {chosen}" + ("" if chosen in ("gather", "random_blocks") else f" on {ex.name}"))
+    timings: dict = {}
+    if chosen in ("gather", "random_blocks"):
+        res = _select_held(shards, chosen, k, cfg, dev, mem_budget, blocks, budget, n,
+                           tokens_total, log)
+    else:
+        res = _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n,
+                              fits, why, ex, candidates, max_rounds, time_budget_s, on_round,
+                              workdir, checkpoint_dir, warm_start, timings, log)
+    selected, route, scores, scored_by, rounds, converged, shard_routes, tokens_info, extra = res
+    notes += extra
+    if scored_by is not None and n != n_input:
+        scored_by += f", the {n:,} rows left after deduplication"
+    timings["total_s"] = time.perf_counter() - t_start
+    k_out = int(sum(int(v.size) for v in selected.values()))
+    return CorpusSelection(
+        mode=chosen, requested_mode=mode, budget=budget, term=term_name, lamb=cfg.lamb, n=n,
+        k=k_out, selected=selected, route=route, scores=scores, scored_by=scored_by,
+        rounds=rounds, converged=converged, timings=timings, tokens=tokens_info, notes=notes,
+        shard_routes=shard_routes, n_input=n_input)
+
+
+def _tokens_info(target, selected_tokens, tokens_total, largest):
+    return {"target": int(target), "selected": int(selected_tokens), "corpus": int(tokens_total),
+            "largest_document": int(largest)}
+
+
+def _select_held(shards, chosen, k, cfg, dev, mem_budget, blocks, budget, n, tokens_total, log):
+    """gather and random_blocks: the corpus held in this process."""
+    notes: list = []
+    offsets = np.cumsum([0] + [s.n for s in shards])
+    parts = [s.load() for s in shards]
+    for s, p in zip(shards, parts):
+        if p.n != s.n:
+            raise ConfigError(f"shard {s.key}: {p.n} rows read, {s.n} expected")
+    shard_routes: dict = {}
+    if chosen == "gather":
+        g = _Gathered(parts)
+        sel = _select_gathered(g, k, cfg, dev, mem_budget)
+        route = sel.route
+        glob = g.order[sel.indices]
+        priority = np.empty(n, dtype=np.float64)
+        priority[g.order] = -sel.rank.astype(np.float64)
+        scores = {name: sc.as_dict() for name, sc in sel.scores.items()
+                  if name in ("selection", "quality_topk", "random")}
+        notes += sel.notes
+        if sel.guard:
+            notes.append(sel.guard)
+    else:
+        glob, route, shard_routes = _random_blocks(parts, k, cfg, dev, mem_budget,
+                                                   blocks or len(shards), log)
+        priority, scores = None, None
+    tokens_info = None
+    q_all = np.concatenate([np.asarray(p.quality, dtype=np.float64) for p in parts])
+    if budget.kind == "tokens":
+        tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in shards])
+        mask = np.zeros(n, dtype=bool)
+        mask[glob] = True
+        mask = fit_tokens(mask, q_all if priority is None else priority, tok, int(budget.value))
+        glob = np.flatnonzero(mask)
+        tokens_info = _tokens_info(budget.value, tok[glob].sum(), tokens_total, tok.max())
+        k, scores = int(glob.size), None
+    glob = np.sort(np.asarray(glob, dtype=np.int64))
+    del parts
+    if scores is None:
+        rng = np.random.default_rng(cfg.seed)
+        sets = {"selection": glob, "quality_topk": _global_topk(q_all, k),
+                "random": np.sort(rng.choice(n, size=k, replace=False))}
+        scores = _score_whole(shards, sets, cfg, dev)
+    selected = {}
+    for i, s in enumerate(shards):
+        lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
+        selected[s.key] = s.own_rows(glob[lo:hi] - offsets[i])
+    return selected, route, scores, WHOLE, [], None, shard_routes, tokens_info, notes
+
+
+def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, fits, why, ex,
+                    candidates, max_rounds, time_budget_s, on_round, workdir, checkpoint_dir,
+                    warm_start, timings, log):
+    """per_shard and exchange: one task per shard for every pass (:mod:`engine.corpus.sharded`)."""
+    import tempfile
+
+    from .checkpoint import RunState
+    from .sharded import RunContext, ShardedRun
+
+    notes: list = []
+    identity = {"config": cfg.config_hash(), "mode": chosen, "k": k, "candidates": candidates,
+                "warm": warm_start is not None,
+                "shards": [(s.key, s.n, s.version) for s in shards]}
+    temp = None
+    if checkpoint_dir is None:
+        temp = tempfile.mkdtemp(prefix="corpus-", dir=workdir)
+    state = RunState(checkpoint_dir or temp, identity)
+    state.prepare()
+    ctx = RunContext(cfg=cfg, term=cfg.term_label, lamb=cfg.lamb, d=int(d),
+                     ref=ref if cfg.term_label == "DiSF" else None, state=state,
+                     device=str(dev), mem_budget=mem_budget)
+    run = ShardedRun(shards, ctx, ex, k, log)
     try:
-
-        offsets = np.cumsum([0] + [s.n for s in shards])
-        rounds, converged, route = [], None, ""
-        shard_routes: dict = {}
-        timings: dict = {}
-        from .checkpoint import Checkpoints
-
-        ckpt = Checkpoints(checkpoint_dir if chosen in ("per_shard", "exchange") else None, {
-            "config": cfg.config_hash(), "mode": chosen, "k": k, "candidates": candidates,
-            "shards": [(s.key, s.n, s.version) for s in shards]})
         t0 = time.perf_counter()
-        if chosen == "gather":
-            g = _Gathered([loaded(i) for i in range(len(shards))])
-            sel = _select_gathered(g, k, cfg, dev, mem_budget)
-            route = sel.route
-            glob = g.order[sel.indices]
-            priority = np.empty(n, dtype=np.float64)
-            priority[g.order] = -sel.rank.astype(np.float64)
-            scores = {name: sc.as_dict() for name, sc in sel.scores.items()
-                      if name in ("selection", "quality_topk", "random")}
-            scored_by = WHOLE
-            notes += sel.notes
-            if sel.guard:
-                notes.append(sel.guard)
+        warm = None
+        if chosen == "exchange" and warm_start is not None:
+            warm = {s.key: s.kept_rows(warm_start.get(s.key, [])) for s in shards}
+        run.start(warm)
+        rounds, converged = [], None
+        if warm is not None:
+            log(f"corpus: warm start from {run.count:,} rows of the last selection "
+                f"({sum(1 for s in shards if s.key in warm_start)} of {len(shards)} shards)")
+            notes.append(f"warm start: {run.count:,} rows of the last selection; no shard "
+                         "selected again")
+            moved = run.fit_count()
+            log(f"corpus: start made {k:,} rows ({moved['added']:,} added, "
+                f"{moved['removed']:,} removed by their gains)")
+            route = "exchange rounds from the last selection (warm start)"
         else:
-            if chosen == "random_blocks":
-                glob, route, shard_routes = _random_blocks(shards, loaded, k, cfg, dev, mem_budget,
-                                                           blocks or len(shards), log)
-                priority = None
-            elif chosen == "exchange" and warm_start is not None:
-                per = []
-                for i, s in enumerate(shards):
-                    rows = np.asarray(warm_start.get(s.key, []), dtype=np.int64)
-                    if maps[i] is not None and rows.size:  # to the kept rows' numbering
-                        pos = np.searchsorted(maps[i], rows)
-                        last = maps[i].size - 1
-                        ok = (pos <= last) & (maps[i][np.minimum(pos, last)] == rows)
-                        rows = pos[ok]
-                    per.append(rows[(rows >= 0) & (rows < s.n)])
-                warm = int(sum(r.size for r in per))
-                log(f"corpus: warm start from {warm:,} rows of the last selection "
-                    f"({sum(1 for s in shards if s.key in warm_start)} of {len(shards)} shards)")
-                notes.append(f"warm start: {warm:,} rows of the last selection; no shard selected "
-                             "again")
-                timings["shards_s"] = time.perf_counter() - t0
-                glob, rounds, converged = _exchange(
-                    shards, loaded, quality, spill, per, k, cfg, candidates, max_rounds,
-                    time_budget_s, on_round, log, ckpt=ckpt, fit=True)
-                route = "exchange rounds from the last selection (warm start)"
-                priority = None
-            else:
-                alloc = allocate([s.n for s in shards], k)
-                per = []
-                for i, s in enumerate(shards):
-                    done = ckpt.load_part(i)
-                    if done is not None:
-                        rows, r = done
-                        log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r}), from the "
-                            "checkpoint of an earlier attempt")
-                    else:
-                        rows, r = _select_part(loaded(i), int(alloc[i]), cfg, dev, mem_budget)
-                        ckpt.save_part(i, rows, r)
-                        log(f"corpus: {s.key}: {rows.size:,} of {s.n:,} rows ({r})")
-                    per.append(rows)
-                    shard_routes[s.key] = r
-                route = ", ".join(sorted(set(shard_routes.values())))
-                timings["shards_s"] = time.perf_counter() - t0
-                if chosen == "exchange":
-                    glob, rounds, converged = _exchange(
-                        shards, loaded, quality, spill, per, k, cfg, candidates, max_rounds,
-                        time_budget_s, on_round, log, ckpt=ckpt)
-                    route = f"exchange rounds from per-shard {route}"
-                    priority = None
-                else:
-                    glob = np.concatenate([r + offsets[i] for i, r in enumerate(per)])
-                    priority = None
-            scores, scored_by = None, None
+            route = ", ".join(sorted(set(run.routes.values())))
+        timings["shards_s"] = time.perf_counter() - t0
+        if chosen == "exchange":
+            rounds, converged = run.rounds(candidates, max_rounds, 1e-7, time_budget_s, on_round)
+            if warm is None:
+                route = f"exchange rounds from per-shard {route}"
         timings["select_s"] = time.perf_counter() - t0
-        if "shards_s" in timings and chosen == "exchange":
+        if chosen == "exchange":
             timings["rounds_s"] = timings["select_s"] - timings["shards_s"]
-
         tokens_info = None
         if budget.kind == "tokens":
-            tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in shards])
-            selected_mask = np.zeros(n, dtype=bool)
-            selected_mask[glob] = True
-            if priority is None:  # by quality: the rows a shard solver would drop / add last
-                priority = quality_of_all()
-            selected_mask = fit_tokens(selected_mask, priority, tok, int(budget.value))
-            glob = np.flatnonzero(selected_mask)
-            tokens_info = {"target": int(budget.value), "selected": int(tok[glob].sum()),
-                           "corpus": tokens_total,
-                           "largest_document": int(tok.max())}
-            k = int(glob.size)
-            scores = None  # the size changed: score again below
-        glob = np.sort(np.asarray(glob, dtype=np.int64))
-        if np.unique(glob).size != glob.size:  # pragma: no cover - every mode selects each row once
-            raise AssertionError("a row was selected twice")
-
-        if scores is None:
-            t1 = time.perf_counter()
-            q_all = quality_of_all()
+            got = run.fit_tokens([s.tokens for s in shards], int(budget.value))
+            tokens_info = _tokens_info(budget.value, got["selected"], got["corpus"],
+                                       got["largest_document"])
+        t1 = time.perf_counter()
+        if fits:
+            selected_kept = run.ex.map(_task_rows_kept, [(i, run.versions[i])
+                                                          for i in range(len(shards))],
+                                       shared=ctx)
+            offsets = np.cumsum([0] + [s.n for s in shards])
+            glob = np.concatenate([r + offsets[i] for i, r in enumerate(selected_kept)])
+            q_all = np.concatenate(ex.map(_task_quality, [(s,) for s in shards]))
             rng = np.random.default_rng(cfg.seed)
-            sets = {"selection": glob, "quality_topk": _global_topk(q_all, k),
-                    "random": np.sort(rng.choice(n, size=k, replace=False))}
-            scores, scored_by = _score_sets(shards, loaded, quality, spill, sets, term_name, cfg,
-                                        dev, whole=fits)
-            timings["score_s"] = time.perf_counter() - t1
-            if scores is None:
-                notes.append(f"whole-corpus f not computed: {term_name} needs every row at "
-                             f"once and the corpus does not fit ({why})")
-        selected = {}
-        for i, s in enumerate(shards):
-            lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
-            rows = glob[lo:hi] - offsets[i]
-            selected[s.key] = rows if maps[i] is None else maps[i][rows]  # the shard's own rows
-        if scored_by is not None and n != n_input:
-            scored_by += f", the {n:,} rows left after deduplication"
-        timings["total_s"] = time.perf_counter() - t_start
-        ckpt.clear()
-        return CorpusSelection(
-            mode=chosen, requested_mode=mode, budget=budget, term=term_name, lamb=cfg.lamb, n=n,
-            k=int(glob.size), selected=selected, route=route, scores=scores, scored_by=scored_by,
-            rounds=rounds, converged=converged, timings=timings, tokens=tokens_info, notes=notes,
-            shard_routes=shard_routes, n_input=n_input)
+            sets = {"selection": glob, "quality_topk": _global_topk(q_all, run.k),
+                    "random": np.sort(rng.choice(n, size=run.k, replace=False))}
+            scores, scored_by = _score_whole(shards, sets, cfg, dev), WHOLE
+            selected = {s.key: s.own_rows(r) for s, r in zip(shards, selected_kept)}
+        elif cfg.term_label in HAS_STATS:
+            scores, selected = run.score(cfg.seed)
+            scored_by = "sufficient statistics (exact f of the selected rows)"
+        else:
+            scores, scored_by = None, None
+            selected = run.selected_rows()
+            notes.append(f"whole-corpus f not computed: {cfg.term_label} needs every row at "
+                         f"once and the corpus does not fit ({why})")
+        timings["score_s"] = time.perf_counter() - t1
+        state.clear()
     finally:
-        if spill is not None:
-            spill.close()
+        if temp is not None:
+            import shutil
+
+            shutil.rmtree(temp, ignore_errors=True)
+    return (selected, route, scores, scored_by, rounds, converged, dict(run.routes),
+            tokens_info, notes)
+
+
+def _task_rows_kept(ctx, i, version):
+    return ctx.state.load_rows(i, version)[0]
+
+
+def _task_quality(_, shard):
+    return np.asarray(shard.load().quality, dtype=np.float64)
 
 
 def _select_gathered(g: _Gathered, k: int, cfg, dev, mem_budget):
@@ -507,11 +543,12 @@ def _select_gathered(g: _Gathered, k: int, cfg, dev, mem_budget):
                         device=dev, mem_budget=mem_budget)
 
 
-def _random_blocks(shards, loaded, k, cfg, dev, mem_budget, n_blocks, log):
-    """The corpus re-cut into ``n_blocks`` random blocks by a keyed hash of the id, each
-    selected alone with its proportional share (rows in order of id within a block)."""
-    g = _Gathered([loaded(i) for i in range(len(shards))])
-    ids = np.concatenate([np.asarray(loaded(i).ids) for i in range(len(shards))])[g.order]
+def _random_blocks(parts, k, cfg, dev, mem_budget, n_blocks, log):
+    """The corpus (``parts``, held) re-cut into ``n_blocks`` random blocks by a keyed hash of
+    the id, each selected alone with its proportional share (rows in order of id within a
+    block)."""
+    g = _Gathered(parts)
+    ids = np.concatenate([np.asarray(p.ids) for p in parts])[g.order]
     block = block_of(ids, n_blocks, cfg.seed)
     sizes = np.bincount(block, minlength=n_blocks)
     alloc = allocate(sizes, k)
@@ -544,107 +581,3 @@ class Part:
     @property
     def d(self):
         return int(self.embeddings.shape[1])
-
-
-class _DiskRows:
-    """Float32 rows in a file, read on demand (a slice, one row or a list of rows) into
-    ordinary memory that is freed after use: a round's pass over a shard holds one chunk."""
-
-    def __init__(self, path: str, n: int, d: int):
-        self.path, self.shape = path, (n, d)
-        self._row = d * 4
-
-    @classmethod
-    def write(cls, path: str, x) -> "_DiskRows":
-        n, d = x.shape
-        with open(path, "wb") as fh:
-            for s in range(0, n, 65536):
-                fh.write(np.ascontiguousarray(x[s:s + 65536], dtype=np.float32).tobytes())
-        return cls(path, n, d)
-
-    def __getitem__(self, key):
-        import os
-
-        n, d = self.shape
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            if isinstance(key, slice):
-                s, e, _ = key.indices(n)
-                buf = os.pread(fd, (e - s) * self._row, s * self._row)
-                return np.frombuffer(buf, dtype=np.float32).reshape(e - s, d)
-            if np.isscalar(key):
-                buf = os.pread(fd, self._row, int(key) * self._row)
-                return np.frombuffer(buf, dtype=np.float32)
-            rows = np.asarray(key, dtype=np.int64)
-            out = np.empty((rows.size, d), dtype=np.float32)
-            for j, r in enumerate(rows):
-                out[j] = np.frombuffer(os.pread(fd, self._row, int(r) * self._row), np.float32)
-            return out
-        finally:
-            os.close(fd)
-
-
-class _Spill:
-    """Each shard's embeddings as a float32 copy on disk (:class:`_DiskRows`), written when the
-    shard is first read, so the exchange rounds read them back one chunk at a time; removed
-    by :meth:`close`."""
-
-    def __init__(self, workdir: str | None):
-        import tempfile
-
-        self.dir = tempfile.mkdtemp(prefix="corpus-", dir=workdir)
-        self.rows: dict = {}
-
-    def put(self, i: int, x) -> None:
-        if i not in self.rows:
-            self.rows[i] = _DiskRows.write(f"{self.dir}/{i}.f32", x)
-
-    def close(self) -> None:
-        import shutil
-
-        self.rows.clear()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _exchange(shards, loaded, quality, spill, per, k, cfg, candidates, max_rounds, time_budget_s,
-              on_round, log, *, ckpt=None, fit: bool = False):
-    """The exchange rounds from ``per`` (each shard's start rows): (global rows, rounds,
-    converged). With ``spill`` the rounds read the shards' copies on disk, else the shards
-    held in memory."""
-    from .exchange import exchange_rounds, fit_count
-
-    data, sel, st = [], [], None
-    for i, s in enumerate(shards):
-        if spill is not None and i in spill.rows:
-            x = spill.rows[i]
-        else:
-            sh = loaded(i)  # held in memory, or read now (and spilled)
-            x = spill.rows[i] if spill is not None else sh.embeddings
-            del sh
-        if st is None:
-            st = stats_for(cfg.term_label, cfg.lamb, x.shape[1], ref=np.asarray(x[0]))
-        data.append((x, quality(i)))
-        m = np.zeros(s.n, dtype=bool)
-        m[per[i]] = True
-        sel.append(m)
-
-    def report(info):
-        log(f"corpus: exchange round {info['round']}: {info['swaps']:,} swaps, "
-            f"f={info['f']:.8g} ({info['seconds']:.1f}s)")
-        if on_round is not None:
-            on_round(info)
-
-    if fit:
-        sel, moved = fit_count(data, sel, st, k)
-        log(f"corpus: start made {k:,} rows ({moved['added']:,} added, "
-            f"{moved['removed']:,} removed by their gains)")
-    resume = ckpt.load_round() if ckpt is not None else None
-    if resume is not None:
-        log(f"corpus: resuming the exchange after round {resume[0]} (checkpoint of an "
-            "earlier attempt)")
-    res = exchange_rounds(data, sel, st, k, candidates=candidates, max_rounds=max_rounds,
-                          time_budget_s=time_budget_s, on_round=report, resume=resume,
-                          on_state=None if ckpt is None else ckpt.save_round)
-    offsets = np.cumsum([0] + [s.n for s in shards])
-    glob = np.concatenate([np.flatnonzero(m) + offsets[i] for i, m in enumerate(res.selected)])
-    return glob, res.rounds, res.converged

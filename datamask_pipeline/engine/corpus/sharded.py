@@ -1,0 +1,404 @@
+"""The corpus selection over shards that stay with their tasks (modes ``per_shard`` and
+``exchange``): one task per shard for every pass (the shard's own selection, each round's
+candidates, the scoring), mapped by an executor (:mod:`engine.corpus.executor`: in this
+process or as Ray tasks).
+
+The coordinator holds the budget's allocation, the selection's sufficient statistics and
+one round's candidates: O(shards · d² + candidates), never a row of every shard. Each shard's
+selected rows live in the run's state (:class:`checkpoint.RunState`, on the data root's
+storage), one small file per shard and version, written by the shard's own task; the
+coordinator's round is saved there too, so a killed run resumes from its last round.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .budget import allocate
+from .checkpoint import RunState
+from .exchange import (finished, gains_of, next_candidates, shard_candidates, statistics_of,
+                       swap_search)
+from .stats import HAS_STATS, stats_for
+
+__all__ = ["RunContext", "ShardedRun", "HIST_BINS"]
+
+HIST_BINS = 1 << 16  # the quality histogram that finds the corpus's quality top-k threshold
+# the candidates of one round, all shards together, each way: caps the coordinator's memory
+# (rows × d × 4 bytes) when there are many shards
+CANDIDATES_TOTAL = 1 << 18
+
+
+@dataclass
+class RunContext:
+    """What every task of one run shares (one object in Ray's store)."""
+
+    cfg: object  # LearnerConfig
+    term: str
+    lamb: float
+    d: int
+    ref: np.ndarray | None
+    state: RunState
+    device: str
+    mem_budget: int | None
+
+    def stats(self):
+        """The term's sufficient statistics; None for a term without (facility location)."""
+        if self.term not in HAS_STATS:
+            return None
+        return stats_for(self.term, self.lamb, self.d, ref=self.ref)
+
+
+def _np(parts: dict) -> dict:
+    return {n: np.asarray(v.detach().numpy() if torch.is_tensor(v) else v, dtype=np.float64)
+            for n, v in parts.items()}
+
+
+def _torch(parts: dict) -> dict:
+    return {n: torch.as_tensor(np.asarray(v, dtype=np.float64)) for n, v in parts.items()}
+
+
+def _sum_parts(st, many: list) -> dict:
+    total = st.zero()
+    for p in many:
+        total = {n: total[n] + torch.as_tensor(p[n]) for n in total}
+    return total
+
+
+def _load(shard):
+    """The shard's kept rows (a ``Part``), checked against the size the coordinator planned."""
+    from ..config import ConfigError
+
+    part = shard.load()
+    if part.n != shard.n:
+        raise ConfigError(f"shard {shard.key}: {part.n} rows read, {shard.n} expected")
+    return part
+
+
+def _mask(n: int, rows: np.ndarray) -> np.ndarray:
+    m = np.zeros(n, dtype=bool)
+    m[rows] = True
+    return m
+
+
+# ------------------------------------------------------------------ tasks (one shard each)
+def task_head(_, shard):
+    """The shard's width and first row (the DiSF statistics' reference point)."""
+    part = _load(shard)
+    return part.d, np.asarray(part.embeddings[0], dtype=np.float64)
+
+
+def task_start(ctx: RunContext, i: int, shard, k: int, warm):
+    """The shard's start selection (its own k rows by the shard solver, the rows of an earlier
+    attempt's state, or ``warm`` rows), saved as version 0, with its statistics and the
+    range of its quality."""
+    from .select import _select_part
+    from ..device import resolve_device
+
+    done = ctx.state.load_rows(i, 0)
+    part = _load(shard)
+    if done is not None:
+        rows, route = done
+        how = "resumed"
+    elif warm is not None:
+        rows = np.unique(np.asarray(warm, dtype=np.int64))
+        rows, route, how = rows[(rows >= 0) & (rows < part.n)], "warm start", "warm"
+    else:
+        rows, route = _select_part(part, int(k), ctx.cfg, resolve_device(ctx.device),
+                                   ctx.mem_budget)
+        how = "selected"
+    rows = np.sort(np.asarray(rows, dtype=np.int64))
+    if done is None:
+        ctx.state.save_rows(i, 0, rows, route)
+    st = ctx.stats()
+    q = np.asarray(part.quality, dtype=np.float64)
+    return {"route": route, "count": int(rows.size), "how": how,
+            "parts": None if st is None else _np(statistics_of(st, part.embeddings, q, rows)),
+            "q_min": float(q.min()), "q_max": float(q.max())}
+
+
+def task_candidates(shared, i: int, shard, version: int):
+    """One round's candidates of a shard: its best ``m`` non-members and worst ``m`` members
+    under the gradient, with their rows (float32) and quality."""
+    ctx, grad, m = shared
+    st = ctx.stats()
+    rows, _ = ctx.state.load_rows(i, version)
+    part = _load(shard)
+    q = np.asarray(part.quality, dtype=np.float64)
+    non, mem = shard_candidates(st, _torch(grad), part.embeddings, q, _mask(part.n, rows), m)
+    x = part.embeddings
+    return (non, np.asarray(x[non], dtype=np.float32), q[non],
+            mem, np.asarray(x[mem], dtype=np.float32), q[mem])
+
+
+def task_fit(shared, i: int, shard, version: int):
+    """For a start of the wrong size: the shard's ``need`` rows of best gain to add (or of
+    worst gain to remove), with their gains."""
+    ctx, grad, need, adding = shared
+    rows, _ = ctx.state.load_rows(i, version)
+    part = _load(shard)
+    a = gains_of(ctx.stats(), _torch(grad), part.embeddings,
+                 np.asarray(part.quality, dtype=np.float64))
+    sel = _mask(part.n, rows)
+    pool = np.flatnonzero(~sel if adding else sel)
+    key = -a[pool] if adding else a[pool]
+    if pool.size > need:
+        pool = pool[np.argpartition(key, need - 1)[:need]]
+    return pool, a[pool]
+
+
+def task_apply(ctx: RunContext, i: int, v_in: int, v_out: int, add, remove):
+    """A shard's accepted swaps: version ``v_out`` = ``v_in`` + ``add`` − ``remove``."""
+    rows, route = ctx.state.load_rows(i, v_in)
+    rows = np.union1d(np.setdiff1d(rows, np.asarray(remove, dtype=np.int64)),
+                      np.asarray(add, dtype=np.int64))
+    ctx.state.save_rows(i, v_out, rows, route)
+    return int(rows.size)
+
+
+def task_set_rows(ctx: RunContext, i: int, v_out: int, rows):
+    ctx.state.save_rows(i, v_out, np.asarray(rows, dtype=np.int64))
+    return int(np.asarray(rows).size)
+
+
+def task_quality(_, shard):
+    """The shard's quality (token budgets' fit only)."""
+    return np.asarray(_load(shard).quality, dtype=np.float64)
+
+
+def task_rows(ctx: RunContext, i: int, version: int):
+    return ctx.state.load_rows(i, version)[0]
+
+
+def task_histogram(shared, shard):
+    """The shard's quality counted in the corpus's bins."""
+    lo, hi, bins = shared
+    q = np.asarray(_load(shard).quality, dtype=np.float64)
+    return np.histogram(q, bins=bins, range=(lo, hi))[0].astype(np.int64)
+
+
+def task_bin_values(shared, shard):
+    """The distinct quality values of the shard inside one bin, with their counts."""
+    lo, hi, bins, b = shared
+    q = np.asarray(_load(shard).quality, dtype=np.float64)
+    idx = np.clip(((q - lo) / (hi - lo) * bins).astype(np.int64), 0, bins - 1) if hi > lo \
+        else np.zeros(q.size, dtype=np.int64)
+    return np.unique(q[idx == b], return_counts=True)
+
+
+def task_score(shared, i: int, shard, version: int, take_eq: int, n_random: int):
+    """The statistics of the shard's part of three selections (the run's, the corpus's
+    quality top-k: rows above ``t`` and the first ``take_eq`` rows at ``t``, and ``n_random``
+    random rows), and the run's selected rows in the shard's own numbering."""
+    ctx, t, seed = shared
+    st = ctx.stats()
+    rows, _ = ctx.state.load_rows(i, version)
+    part = _load(shard)
+    q = np.asarray(part.quality, dtype=np.float64)
+    top = np.union1d(np.flatnonzero(q > t), np.flatnonzero(q == t)[:take_eq])
+    rng = np.random.default_rng([seed, i])
+    rnd = np.sort(rng.choice(part.n, size=n_random, replace=False)) if n_random else \
+        np.zeros(0, dtype=np.int64)
+    x = part.embeddings
+    return ({"selection": _np(statistics_of(st, x, q, rows)),
+             "quality_topk": _np(statistics_of(st, x, q, top)),
+             "random": _np(statistics_of(st, x, q, rnd))}, shard.own_rows(rows))
+
+
+# ------------------------------------------------------------------ the coordinator
+class ShardedRun:
+    """One per_shard or exchange run over ``shards`` (kept views) with ``executor``."""
+
+    def __init__(self, shards: list, ctx: RunContext, executor, k: int, log):
+        self.shards, self.ctx, self.ex, self.k, self.log = shards, ctx, executor, k, log
+        self.st = ctx.stats()
+        self.versions = [0] * len(shards)
+        self.parts = None
+        self.routes: dict = {}
+        self.q_range = (np.inf, -np.inf)
+
+    # ---- the start
+    def start(self, warm: dict | None) -> None:
+        """Every shard's start selection (its proportional share, or the warm rows)."""
+        alloc = allocate([s.n for s in self.shards], self.k)
+        args = [(i, s, int(alloc[i]), None if warm is None else warm.get(s.key, []))
+                for i, s in enumerate(self.shards)]
+        res = self.ex.map(task_start, args, shared=self.ctx)
+        for s, r in zip(self.shards, res):
+            self.routes[s.key] = r["route"]
+            if r["how"] == "resumed":
+                self.log(f"corpus: {s.key}: {r['count']:,} of {s.n:,} rows ({r['route']}), "
+                         "from the checkpoint of an earlier attempt")
+            elif r["how"] == "selected":
+                self.log(f"corpus: {s.key}: {r['count']:,} of {s.n:,} rows ({r['route']})")
+        if self.st is not None:
+            self.parts = _sum_parts(self.st, [r["parts"] for r in res])
+        self.count = int(sum(r["count"] for r in res))
+        self.q_range = (min(r["q_min"] for r in res), max(r["q_max"] for r in res))
+
+    def fit_count(self) -> dict:
+        """A start of any size made k rows by the linearised gains across all shards."""
+        have, k = self.count, self.k
+        if have == k:
+            return {"added": 0, "removed": 0}
+        adding, need = k > have, abs(k - have)
+        grad = _np(self.st.gradient(self.parts, max(have, 2)))
+        res = self.ex.map(task_fit, [(i, s, self.versions[i]) for i, s in enumerate(self.shards)],
+                          shared=(self.ctx, grad, need, adding))
+        rows = np.concatenate([r[0] for r in res])
+        owner = np.concatenate([np.full(r[0].size, i) for i, r in enumerate(res)])
+        gains = np.concatenate([r[1] for r in res])
+        order = np.argsort(-gains if adding else gains, kind="stable")[:need]
+        moves = {i: rows[order][owner[order] == i] for i in set(owner[order].tolist())}
+        self._apply({i: (m, []) if adding else ([], m) for i, m in moves.items()})
+        self.parts = self._recount()
+        self.count = k
+        return {"added": need if adding else 0, "removed": 0 if adding else need}
+
+    def _recount(self) -> dict:
+        res = self.ex.map(task_score, [(i, s, self.versions[i], 0, 0)
+                                       for i, s in enumerate(self.shards)],
+                          shared=(self.ctx, np.inf, 0))
+        return _sum_parts(self.st, [r[0]["selection"] for r in res])
+
+    def _apply(self, moves: dict) -> None:
+        """Each shard's (add, remove) rows as its next version (only the shards that move)."""
+        args = [(i, self.versions[i], self.versions[i] + 1, a, r) for i, (a, r) in moves.items()]
+        self.ex.map(task_apply, args, shared=self.ctx)
+        for i in moves:
+            self.versions[i] += 1
+
+    # ---- the rounds
+    def rounds(self, candidates: int, max_rounds: int, rtol: float, time_budget_s, on_round):
+        """Exchange rounds until no swap improves f: (rounds log, converged)."""
+        t_start = time.perf_counter()
+        state = self.ctx.state
+        resume = state.load_round()
+        log_, first = [], 0
+        base = max(16, min(candidates, CANDIDATES_TOTAL // max(1, len(self.shards))))
+        m = base
+        if resume is not None:
+            first, self.versions, parts, log_, extra = resume
+            self.parts = _torch(parts)
+            m = int(extra["m"])
+            self.log(f"corpus: resuming the exchange after round {first} (checkpoint of an "
+                     "earlier attempt)")
+            if log_ and finished(log_[-1], rtol):
+                return log_, True
+        converged = False
+        for r in range(first, max_rounds):
+            t0 = time.perf_counter()
+            f_before = self.st.f(self.parts, self.k)["f"]
+            grad = _np(self.st.gradient(self.parts, self.k))
+            res = self.ex.map(task_candidates,
+                              [(i, s, self.versions[i]) for i, s in enumerate(self.shards)],
+                              shared=(self.ctx, grad, m))
+            ins = [(i, rr) for i, c in enumerate(res) for rr in c[0].tolist()]
+            outs = [(i, rr) for i, c in enumerate(res) for rr in c[3].tolist()]
+            if not ins or not outs:
+                converged = True
+                break
+            xin = self.st.rows(np.concatenate([c[1] for c in res]))
+            qin = np.concatenate([c[2] for c in res])
+            xout = self.st.rows(np.concatenate([c[4] for c in res]))
+            qout = np.concatenate([c[5] for c in res])
+            sent = (xin.shape[0] + xout.shape[0]) * (self.ctx.d * 4 + 8 + 8)
+            self.parts, f_now, swaps = swap_search(self.st, self.parts, self.k, xin, qin,
+                                                   xout, qout)
+            moves: dict = {}
+            for j, o in swaps:
+                si, ri = ins[j]
+                so, ro = outs[o]
+                moves.setdefault(si, ([], []))[0].append(ri)
+                moves.setdefault(so, ([], []))[1].append(ro)
+            self._apply(moves)
+            info = {"round": r + 1, "swaps": len(swaps), "candidates": m,
+                    "f_before": f_before, "f": f_now, "seconds": time.perf_counter() - t0,
+                    "bytes_exchanged": int(sent)}
+            m = next_candidates(m, len(swaps), len(ins), len(outs), base)
+            info["next_candidates"] = m
+            log_.append(info)
+            state.save_round(r + 1, self.versions, _np(self.parts), log_, {"m": m})
+            self.log(f"corpus: exchange round {r + 1}: {len(swaps):,} swaps, "
+                     f"f={f_now:.8g} ({info['seconds']:.1f}s)")
+            if on_round is not None:
+                on_round(info)
+            if finished(info, rtol):
+                converged = True
+                break
+            if time_budget_s is not None and time.perf_counter() - t_start > time_budget_s:
+                break
+        return log_, converged
+
+    # ---- the end
+    def fit_tokens(self, tokens_of: list, target: int):
+        """Token budgets: the selection fitted to the target by quality (each shard's quality
+        and tokens are brought here: O(rows), token budgets only)."""
+        from .budget import fit_tokens
+
+        q = np.concatenate(self.ex.map(task_quality, [(s,) for s in self.shards]))
+        rows = self.ex.map(task_rows, [(i, self.versions[i]) for i in range(len(self.shards))],
+                           shared=self.ctx)
+        offsets = np.cumsum([0] + [s.n for s in self.shards])
+        sel = np.zeros(int(offsets[-1]), dtype=bool)
+        for i, r in enumerate(rows):
+            sel[r + offsets[i]] = True
+        tok = np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens_of])
+        sel = fit_tokens(sel, q, tok, target)
+        args = [(i, self.versions[i] + 1, np.flatnonzero(sel[offsets[i]:offsets[i + 1]]))
+                for i in range(len(self.shards))]
+        self.ex.map(task_set_rows, args, shared=self.ctx)
+        self.versions = [v + 1 for v in self.versions]
+        self.k = int(sel.sum())
+        return {"selected": int(tok[sel].sum()), "largest_document": int(tok.max()),
+                "corpus": int(tok.sum())}
+
+    def topk_threshold(self) -> tuple[float, list]:
+        """The corpus's quality top-k without its rows: (t, rows at t each shard takes), from
+        a histogram of every shard's quality and the distinct values of the bin that holds
+        the k-th best; ties at t go to the first rows in (shard, row) order."""
+        lo, hi = self.q_range
+        bins = HIST_BINS
+        hist = np.sum(self.ex.map(task_histogram, [(s,) for s in self.shards],
+                                  shared=(lo, hi, bins)), axis=0)
+        above = np.cumsum(hist[::-1])[::-1]  # rows in bin b or higher
+        b = int(np.flatnonzero(above >= self.k).max())
+        over = int(above[b + 1]) if b + 1 < bins else 0  # rows in higher bins
+        per = self.ex.map(task_bin_values, [(s,) for s in self.shards], shared=(lo, hi, bins, b))
+        vals = np.unique(np.concatenate([v for v, _ in per]))
+        cnt = np.zeros(vals.size, dtype=np.int64)
+        for v, c in per:
+            cnt[np.searchsorted(vals, v)] += c
+        above_v = over + np.cumsum(cnt[::-1])[::-1]  # rows at or above each value
+        j = int(np.flatnonzero(above_v >= self.k).max())
+        t = float(vals[j])
+        gt = int(above_v[j] - cnt[j])
+        rest = self.k - gt
+        takes = []
+        for v, c in per:
+            here = int(c[v == t].sum()) if v.size else 0
+            takes.append(min(here, rest))
+            rest -= takes[-1]
+        return t, takes
+
+    def score(self, seed: int) -> tuple[dict, dict]:
+        """Whole-corpus f of the selection, quality top-k and random from their statistics,
+        and each shard's selected rows in its own numbering."""
+        t, takes = self.topk_threshold()
+        sizes = np.array([s.n for s in self.shards], dtype=np.int64)
+        n_random = np.random.default_rng(seed).multivariate_hypergeometric(sizes, self.k)
+        res = self.ex.map(task_score, [(i, s, self.versions[i], takes[i], int(n_random[i]))
+                                       for i, s in enumerate(self.shards)],
+                          shared=(self.ctx, t, seed))
+        scores = {}
+        for name in ("selection", "quality_topk", "random"):
+            scores[name] = self.st.f(_sum_parts(self.st, [r[0][name] for r in res]), self.k)
+        return scores, {s.key: r[1] for s, r in zip(self.shards, res)}
+
+    def selected_rows(self) -> dict:
+        rows = self.ex.map(task_rows, [(i, self.versions[i]) for i in range(len(self.shards))],
+                           shared=self.ctx)
+        return {s.key: s.own_rows(r) for s, r in zip(self.shards, rows)}
