@@ -64,7 +64,7 @@ def _torch(parts: dict) -> dict:
 def _sum_parts(st, many: list) -> dict:
     total = st.zero()
     for p in many:
-        total = {n: total[n] + torch.as_tensor(p[n]) for n in total}
+        total = {n: total[n] + torch.as_tensor(np.array(p[n], dtype=np.float64)) for n in total}
     return total
 
 

@@ -1,0 +1,118 @@
+"""The corpus stage past one process: per_shard and exchange as one task per shard
+(engine/corpus/sharded.py) on Ray tasks give the same selection as in this process, with every
+shard read in a worker and never in the coordinator; the coordinator's state (quality top-k
+threshold, statistics) reproduces what the whole corpus's arrays give."""
+
+import functools
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from bench.corpus import make_cuts
+from datamask_pipeline.engine.config import LearnerConfig
+from datamask_pipeline.engine.corpus import CorpusBudget, CorpusShard, select_corpus
+from datamask_pipeline.engine.corpus.executor import InProcess, RayTasks, executor_for
+from datamask_pipeline.engine.corpus.stats import stats_for
+from datamask_pipeline.engine.data import read_shard, table_to_shard
+from datamask_pipeline.engine.sample import make_table
+
+ray = pytest.importorskip("ray", reason="the ray extra is part of the test extra")
+
+
+def load_logged(uri: str, log_dir: str):
+    """A shard's features, read where the task runs; the reading process leaves its pid."""
+    with open(os.path.join(log_dir, f"{os.getpid()}-{os.path.basename(uri)}"), "a") as fh:
+        fh.write("1\n")
+    return read_shard(uri)
+
+
+def _files(tmp_path, n=1800, dim=16, files=4, cut="sorted_by_quality"):
+    t = make_table(n, dim=dim, seed=5)
+    sh = table_to_shard(t, "corpus")
+    rows = make_cuts(sh.quality, np.asarray(t.column("source").to_pylist()), files)[cut]
+    uris = []
+    for i, r in enumerate(rows):
+        uri = str(tmp_path / f"f{i:02d}.parquet")
+        pq.write_table(t.take(np.sort(r)), uri)
+        uris.append(uri)
+    return uris
+
+
+def _shards(uris, log_dir, keep=None):
+    out = []
+    for i, u in enumerate(uris):
+        n = pq.ParquetFile(u).metadata.num_rows
+        out.append(CorpusShard(key=f"f{i:02d}", n=n,
+                               load=functools.partial(load_logged, u, str(log_dir)),
+                               keep=None if keep is None else keep[i]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ray_two_cpus():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("term,mode", [("Pair_simi", "exchange"), ("DiSF", "exchange"),
+                                       ("Facility", "per_shard")])
+def test_ray_tasks_select_what_one_process_selects_and_the_coordinator_reads_no_shard(
+        tmp_path, ray_two_cpus, term, mode):
+    uris = _files(tmp_path)
+    cfg = LearnerConfig.profile("pipeline", algorithm=term, lamb=0.7)
+    budget = CorpusBudget.of(select_rows=180)
+    rng = np.random.default_rng(0)
+    keep = [rng.random(pq.ParquetFile(u).metadata.num_rows) > 0.1 for u in uris]
+    local_log, ray_log = tmp_path / "local", tmp_path / "ray"
+    local_log.mkdir()
+    ray_log.mkdir()
+    here = select_corpus(_shards(uris, local_log, keep), cfg, budget, mode=mode,
+                         gather_max_rows=0, executor=InProcess())
+    there = select_corpus(_shards(uris, ray_log, keep), cfg, budget, mode=mode,
+                          gather_max_rows=0, executor=RayTasks())
+    assert there.counts == here.counts and sum(there.counts.values()) == 180
+    for key in here.selected:
+        assert np.array_equal(there.selected[key], here.selected[key]), key
+        assert keep[int(key[1:])][there.selected[key]].all()  # no dropped row selected
+    assert there.rounds == [] or [r["swaps"] for r in there.rounds] == \
+        [r["swaps"] for r in here.rounds]
+    assert there.scores == here.scores
+    # every shard was read, each time in a Ray worker, never in this (the coordinator's) process
+    pids = {name.split("-", 1)[0] for name in os.listdir(ray_log)}
+    assert pids and str(os.getpid()) not in pids
+    assert {name.split("-", 1)[1] for name in os.listdir(ray_log)} == \
+        {os.path.basename(u) for u in uris}
+
+
+def test_the_quality_topk_threshold_is_the_whole_corpus_topk(tmp_path):
+    """Ties at the threshold (a saturated score) go to the first rows in shard order, as the
+    whole corpus's top-k over its arrays."""
+    uris = _files(tmp_path, n=1200, files=3, cut="random_blocks")
+    shards = _shards(uris, tmp_path)
+    parts = [s.load() for s in shards]
+    q_all = np.concatenate([np.round(p.quality, 1) for p in parts])  # heavy ties
+    cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi", lamb=0.5)
+
+    def rounded(u):
+        p = read_shard(u)
+        p.quality = np.round(p.quality, 1)
+        return p
+
+    tied = [CorpusShard(key=s.key, n=s.n, load=functools.partial(rounded, u))
+            for s, u in zip(shards, uris)]
+    res = select_corpus(tied, cfg, CorpusBudget.of(select_rows=137), mode="per_shard",
+                        gather_max_rows=0)
+    order = np.lexsort((np.arange(q_all.size), -q_all))[:137]
+    x_all = np.concatenate([p.embeddings for p in parts])
+    st = stats_for("Pair_simi", 0.5, x_all.shape[1])
+    want = st.f(st.add(st.zero(), st.rows(x_all[np.sort(order)]), q_all[np.sort(order)]), 137)
+    assert res.scores["quality_topk"] == pytest.approx(want, rel=1e-9)
+
+
+def test_executor_for_names_what_runs():
+    assert isinstance(executor_for("local"), InProcess)
+    with pytest.raises(ValueError, match="corpus engine must be one of"):
+        executor_for("spark")
