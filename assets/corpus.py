@@ -29,7 +29,7 @@ from resources.learner import MaskLearner
 from resources.ray import RayCluster
 from resources.storage import DataRoot
 
-from .ingest import (EMBEDDING, ID, OWNERS, QUALITY, TRANSIENT_RETRY, features, raw_shard,
+from .ingest import (EMBEDDING, ID, OWNERS, QUALITY, retry_transient_io, features, raw_shard,
                      stage)
 from .learn import MaskConfig, read_features
 from .partitions import PARTITIONS_NAME
@@ -238,8 +238,8 @@ DUPLICATES = "duplicates.parquet"
     owners=OWNERS,
     tags=stage("validate"),
     code_version=CODE_VERSION,
-    retry_policy=TRANSIENT_RETRY,
 )
+@retry_transient_io
 def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_root: DataRoot,
                  contract: DataContract, ray: RayCluster) -> dg.MaterializeResult:
     """Exact and semantic near-duplicates across every shard that passed its checks
@@ -433,8 +433,8 @@ def dedup_keep(data_root: DataRoot, shards_: list) -> tuple:
     owners=OWNERS,
     tags=stage("learn"),
     code_version=CODE_VERSION,
-    retry_policy=TRANSIENT_RETRY,
 )
+@retry_transient_io
 def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
                      data_root: DataRoot, contract: DataContract,
                      learner: MaskLearner) -> dg.MaterializeResult:
@@ -520,8 +520,8 @@ def _shard_digest(rows: np.ndarray, raw_sig: str) -> str:
     owners=OWNERS,
     tags=stage("select"),
     code_version=CODE_VERSION,
-    retry_policy=TRANSIENT_RETRY,
 )
+@retry_transient_io
 def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
                   contract: DataContract) -> dg.MaterializeResult:
     """Each shard's selected raw rows, every column unchanged (``selected/<key>.parquet``).

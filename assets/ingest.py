@@ -8,7 +8,10 @@ are the blocking checks of :mod:`assets.validate`, which read the features file 
 """
 
 
+import errno
+import functools
 import hashlib
+import re
 from datetime import timedelta
 
 import dagster as dg
@@ -35,11 +38,91 @@ from .partitions import scan_raw, shards
 GROUP = "datamask"
 # Who answers for these assets in the UI, and the pipeline step each one is (a tag to filter by).
 OWNERS = ["team:data-selection"]
-# A transient error (an object store's timeout, a disk that was full) is retried inside the
-# run, a few seconds later; bad input raises ``Failure(allow_retries=False)`` and is not, and
-# the instance's run retries never re-run a failed step (dagster.yaml:
-# retry_on_asset_or_op_failure: false), so one shard starts at most 3 attempts of a step.
-TRANSIENT_RETRY = dg.RetryPolicy(max_retries=2, delay=5)
+# Retries: transient I/O only. No asset carries a ``dg.RetryPolicy``: Dagster retries ANY
+# exception under one, an interrupt (Ctrl-C, a run termination) and an allocation error
+# included. Each asset body is wrapped in ``retry_transient_io`` instead, which asks Dagster for
+# a retry (``dg.RetryRequested``) only when the error is a transient I/O one (``is_transient``);
+# everything else fails the step at once. The instance's run retries never re-run a failed step
+# (dagster.yaml: retry_on_asset_or_op_failure: false), so a step runs at most 3 attempts.
+TRANSIENT_MAX_RETRIES = 2
+TRANSIENT_DELAY_S = 5
+# errno values of a failure that may pass by itself: network, timeouts, a busy or stale handle
+TRANSIENT_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EAGAIN", "EBUSY", "EINTR", "ETIMEDOUT", "ECONNRESET", "ECONNREFUSED", "ECONNABORTED",
+    "EPIPE", "ENETDOWN", "ENETUNREACH", "ENETRESET", "EHOSTDOWN", "EHOSTUNREACH", "ESTALE",
+    "EIO", "ENOTCONN", "EREMOTEIO") if hasattr(errno, name))
+# pyarrow's S3 file system raises a plain OSError naming the AWS SDK's error type; these are
+# the types the SDK itself deems retryable (network, throttling, the service's own failures)
+_TRANSIENT_S3 = re.compile(
+    r"AWS Error (NETWORK_CONNECTION|SLOW_DOWN|THROTTLING|SERVICE_UNAVAILABLE|REQUEST_TIMEOUT"
+    r"|INTERNAL_FAILURE)\b|HTTP status (429|5\d\d)\b|curlCode: (7|28|52|55|56)\b")
+
+
+def _chain(exc: BaseException):
+    """``exc`` and the exceptions it was raised from (``__cause__``, else ``__context__``)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ if exc.__cause__ is not None else (
+            None if exc.__suppress_context__ else exc.__context__)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` is a transient I/O error, worth retrying a few seconds later.
+
+    Never: an interrupt (``KeyboardInterrupt``, ``DagsterExecutionInterruptedError``: not
+    ``Exception``s), an allocation error (``MemoryError``, numpy's ``_ArrayMemoryError``), bad
+    input or config (``ValueError``, ``DataContractError``, ``ConfigError``, a
+    ``dg.Failure``), or an error of the path itself (``FileNotFoundError``,
+    ``PermissionError``, ``IsADirectoryError`` ...: the next attempt meets the same path).
+    Transient: ``ConnectionError`` and ``TimeoutError`` (socket timeouts included), an
+    ``OSError`` whose errno is in ``TRANSIENT_ERRNOS``, and pyarrow's S3 errors of a network,
+    throttling or service failure. A wrapping error (``storage.StorageError ... from exc``)
+    is judged by what it wraps: a non-transient error anywhere in the chain wins."""
+    if not isinstance(exc, Exception) or isinstance(exc, dg.Failure):
+        return False
+    found = False
+    for e in _chain(exc):
+        if isinstance(e, (MemoryError, ValueError, dg.Failure)) or not isinstance(e, Exception):
+            return False
+        if isinstance(e, (ConnectionError, TimeoutError)):
+            found = True
+        elif isinstance(e, OSError):
+            if e.errno is not None:
+                if e.errno in TRANSIENT_ERRNOS:
+                    found = True
+                else:
+                    return False  # ENOENT, EACCES, EISDIR, ENOSPC ...: not by itself
+            elif _TRANSIENT_S3.search(str(e)):
+                found = True
+    return found
+
+
+def retry_transient_io(fn=None, *, max_retries: int = TRANSIENT_MAX_RETRIES,
+                       seconds_to_wait: float = TRANSIENT_DELAY_S):
+    """Decorator of an asset's body (below ``@dg.asset``): a transient I/O error
+    (:func:`is_transient`) becomes ``dg.RetryRequested(max_retries, seconds_to_wait)`` raised
+    from it, so Dagster retries the step in the run (``STEP_UP_FOR_RETRY``, then "Exceeded
+    max_retries" when none is left); any other error, and every interrupt, passes through and
+    fails the step after one attempt. The signature is kept (``functools.wraps``), so Dagster
+    still sees the body's context, config and resource parameters."""
+
+    def wrap(body):
+        @functools.wraps(body)
+        def run(*args, **kwargs):
+            try:
+                return body(*args, **kwargs)
+            except Exception as exc:
+                if is_transient(exc):
+                    raise dg.RetryRequested(max_retries=max_retries,
+                                            seconds_to_wait=seconds_to_wait) from exc
+                raise
+
+        run.transient_retry = (max_retries, seconds_to_wait)
+        return run
+
+    return wrap(fn) if fn is not None else wrap
 
 
 # The catalog and the selected rows should follow the daily refresh (DATAMASK_SCHEDULE_CRON's
@@ -252,8 +335,8 @@ def _embed_log(context, key: str, every_s: float = 10.0):
     owners=OWNERS,
     tags=stage("ingest"),
     code_version=CODE_VERSION,
-    retry_policy=TRANSIENT_RETRY,
 )
+@retry_transient_io
 def features(context: dg.AssetExecutionContext, data_root: DataRoot,
              contract: DataContract) -> dg.MaterializeResult:
     """Canonical features of one shard: ``id`` (int64 or string), ``quality`` (float64, the

@@ -7,8 +7,8 @@ whole-shard scores of the selection next to random and quality top-k, solver and
 the materialization adds device, timings and the pre-flight memory estimate. Runs in the
 ``gpu`` concurrency pool (one selection per GPU at a time); the shard report is its own asset
 (:mod:`assets.shard_report`), outside the pool. A checkpoint under the data root lets a retried
-step (``RetryPolicy``) resume where the failed attempt stopped; it is deleted once the mask is
-published.
+step (a transient I/O error: ``retry_transient_io``) or a new run resume where the failed
+attempt stopped; it is deleted once the mask is published.
 
 Every method knob is a field of :class:`MaskConfig` (editable in the Launchpad), derived from
 the engine's ``LearnerConfig``. Defaults are the ``pipeline`` profile (solver ``auto``: the
@@ -34,7 +34,7 @@ from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.storage import DataRoot
 
-from .ingest import EMBEDDING, GROUP, ID, OWNERS, QUALITY, TRANSIENT_RETRY, features, stage
+from .ingest import EMBEDDING, GROUP, ID, OWNERS, QUALITY, retry_transient_io, features, stage
 from .mask_config import (  # noqa: F401 - MaskConfig & co. are imported from here too
     InvalidMaskConfig,
     MaskConfig,
@@ -171,8 +171,8 @@ def run_selection(learner: MaskLearner, shard, cfg: LearnerConfig, ckpt: str, ke
     # On Kubernetes (k8s_job_executor) the step's pod asks for the GPU: these tags travel with
     # the asset, so UI launches, backfills and schedules all honour them.
     op_tags=gpu_op_tags(),
-    retry_policy=TRANSIENT_RETRY,
 )
+@retry_transient_io
 def mask(context: dg.AssetExecutionContext, config: MaskConfig, data_root: DataRoot,
          contract: DataContract, learner: MaskLearner) -> dg.MaterializeResult:
     """Per-sample selection of one shard (by the configured solver's route): ``id``, ``logit`` (final), ``rank``

@@ -55,7 +55,7 @@ from datamask_pipeline.engine.storage import mask_file
 from datamask_pipeline.reporting.numerics import selection_label
 from resources.storage import DataRoot
 
-from .ingest import FRESHNESS, ID, OWNERS, QUALITY, TRANSIENT_RETRY, stage
+from .ingest import FRESHNESS, ID, OWNERS, QUALITY, retry_transient_io, stage
 from .learn import mask
 from .partitions import PARTITIONS_NAME
 from .select import selected_subset
@@ -387,8 +387,8 @@ def summary_metadata(rows: list, keys: list, missing: list) -> dict:
     tags=stage("report"),
     freshness_policy=FRESHNESS,
     code_version=CODE_VERSION,
-    retry_policy=TRANSIENT_RETRY,
 )
+@retry_transient_io
 def corpus_summary(context: dg.AssetExecutionContext, data_root: DataRoot,
                    catalog: DuckDBResource) -> dg.MaterializeResult:
     """The corpus catalog (the ``catalog`` resource's database, by default

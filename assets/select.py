@@ -15,7 +15,7 @@ from resources.contract import DataContract
 from resources.storage import DataRoot
 
 from .ingest import (FRESHNESS, GROUP, ID, OWNERS, QUALITY,
-                     TRANSIENT_RETRY, features, raw_shard, stage)
+                     retry_transient_io, features, raw_shard, stage)
 from .learn import mask
 from .partitions import shards
 
@@ -42,8 +42,8 @@ def raw_schema(uri: str):
     tags=stage("select"),
     freshness_policy=FRESHNESS,
     code_version=CODE_VERSION,
-    retry_policy=TRANSIENT_RETRY,
 )
+@retry_transient_io
 def selected_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
                     contract: DataContract) -> dg.MaterializeResult:
     """The selected raw rows of one shard, every raw column unchanged, in raw order

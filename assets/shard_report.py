@@ -21,7 +21,7 @@ from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.storage import DataRoot
 
-from .ingest import GROUP, ID, OWNERS, TRANSIENT_RETRY, features, stage
+from .ingest import GROUP, ID, OWNERS, retry_transient_io, features, stage
 from .learn import checked_features, mask
 from .partitions import shards
 
@@ -118,8 +118,8 @@ def not_built(data_root: DataRoot, key: str, why: str) -> dg.MaterializeResult:
     owners=OWNERS,
     tags=stage("report"),
     code_version=CODE_VERSION,
-    retry_policy=TRANSIENT_RETRY,
 )
+@retry_transient_io
 def shard_report(context: dg.AssetExecutionContext, data_root: DataRoot,
                  contract: DataContract, learner: MaskLearner) -> dg.MaterializeResult:
     """The shard report of one partition's selection (``reports/<key>/``: ``report.html``,

@@ -188,3 +188,18 @@ def test_bad_inputs_fail_naming_the_file_and_the_column(tmp_path, ray_local):
         deduplicate_ray([shards[0], ShardSource(broken)], exact=False, fuzzy=False,
                         shuffle_partitions=1, **KNOBS)
     assert os.path.exists(broken)
+
+
+def test_ray_dedup_on_a_kmeans_sample_with_capped_clusters_equals_the_embedded_one(
+        tmp_path, ray_local):
+    """The k-means trained on a sample (fewer rows than remain) and clusters over the cap
+    compared in pieces: both engines take the same sample and the same pieces."""
+    shards, _ = _corpus(tmp_path)
+    knobs = dict(KNOBS, kmeans_sample_rows=150, max_cluster_rows=25)
+    local, *_ = _embedded(shards, **knobs)
+    dist = deduplicate_ray(shards, shuffle_partitions=2, **knobs)
+    assert local.stats["kmeans_sample"] == dist.stats["kmeans_sample"] == 150
+    assert local.stats["clusters_capped"] > 0 and local.stats["near_dropped"] > 0
+    for a, b in zip(dist.keep, local.keep):
+        assert np.array_equal(a, b)
+    assert _lineage(dist) == _lineage(local)

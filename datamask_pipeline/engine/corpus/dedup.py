@@ -1,14 +1,19 @@
 """Deduplication across the whole corpus, before the selection.
 
 * **Exact**: rows whose normalised text (lower case, whitespace collapsed, trimmed, lines that
-  occur in ``boilerplate_min_docs`` or more texts left out) is equal.
+  occur in ``boilerplate_min_docs`` or more texts left out) is equal. Rows are grouped on a
+  16-byte digest of the key (blake2b), and rows with the same digest are told apart by the key
+  itself: memory is 16 bytes a row, whatever the longest text (no rows x text-width array).
 * **Fuzzy** (text): MinHash signatures (datasketch) of word 3-gram shingles, banded (LSH) into
   candidate pairs;
   a pair is a duplicate when the smaller text's shingles are contained in the other's at
   ≥ ``containment`` (the same text with a footer, a header or a small edit).
 * **Semantic near-duplicates** (SemDeDup's scheme): the unit embeddings of every shard are
-  clustered together (faiss spherical k-means), and inside each cluster a row is a duplicate
-  when a row ranked above it has cosine ≥ ``threshold``.
+  clustered together (faiss spherical k-means, trained on every remaining row up to
+  ``kmeans_sample_rows``, else on a seeded uniform sample of that many), and inside each cluster
+  a row is a duplicate when a row ranked above it has cosine ≥ ``threshold``. A cluster of more
+  than ``max_cluster_rows`` rows is compared in capped pieces (:func:`_cluster_best`), so its
+  cost grows linearly with its size instead of quadratically.
 
 Rows are ranked by quality, then id (then shard and row), so the best-quality member of each
 group is kept whatever file it came in. Every dropped row names the row it duplicates and why.
@@ -16,16 +21,28 @@ group is kept whatever file it came in. Every dropped row names the row it dupli
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["DedupResult", "deduplicate", "normalised_text_keys", "DEFAULT_THRESHOLD"]
+__all__ = ["DedupResult", "deduplicate", "normalised_text_keys", "key_digests",
+           "kmeans_sample", "DEFAULT_THRESHOLD", "KMEANS_SAMPLE_ROWS", "MAX_CLUSTER_ROWS"]
 
 DEFAULT_THRESHOLD = 0.98
 DEFAULT_CONTAINMENT = 0.8
 ROWS_PER_CLUSTER = 1000
+# a cluster of more rows is compared in pieces of this many (see _cluster_best): a piece costs
+# (2 x 10,000)^2 / 2 cosines and 2048 x 20,000 floats (160 MB) at a time
+MAX_CLUSTER_ROWS = 10_000
+# the k-means is trained on every remaining row up to this many, else on a seeded uniform
+# sample of this many (both engines: dedup_ray uses the same rule and constant)
+KMEANS_SAMPLE_ROWS = 1_000_000
+# shingles hashed per MinHash update: datasketch builds (shingles x NUM_PERM) uint64 arrays,
+# 504 MB for the ~500k shingles of a 3 MB text at once, 16 MB per piece of this size
+MINHASH_PIECE = 16_384
+KEY_DIGEST_BYTES = 16
 BOILERPLATE_MIN_DOCS = 5  # a line in this many texts is boilerplate, left out of text keys
 SHINGLE_WORDS = 3
 NUM_PERM = 126
@@ -102,24 +119,32 @@ def _shingles(text: str) -> set:
     return {" ".join(w[i:i + SHINGLE_WORDS]) for i in range(len(w) - SHINGLE_WORDS + 1)}
 
 
-def _signatures(keys: np.ndarray, rows: np.ndarray, seed: int, chunk: int = 20_000):
-    """(rows with shingles, (m, NUM_PERM) uint32 MinHash signatures), computed by datasketch
-    a chunk of texts at a time and kept as one array (no per-text objects held)."""
+def _minhash(base, shingles: set) -> np.ndarray:
+    """The NUM_PERM MinHash values (uint32) of one text's shingles: ``base`` (an empty datasketch
+    MinHash) updated ``MINHASH_PIECE`` shingles at a time, so a long text's temporaries stay
+    small (the minimum over pieces is the minimum over the whole set)."""
+    m = base.copy()
+    it = iter(shingles)
+    while True:
+        piece = [x.encode("utf-8", "surrogatepass") for _, x in zip(range(MINHASH_PIECE), it)]
+        if not piece:
+            return m.hashvalues.astype(np.uint32)
+        m.update_batch(piece)
+
+
+def _signatures(keys: np.ndarray, rows: np.ndarray, seed: int):
+    """(rows with shingles, (m, NUM_PERM) uint32 MinHash signatures): one text's shingles at
+    a time (held only while it is hashed), the signatures kept as one array."""
     from datasketch import MinHash
 
-    have, sigs = [], []
-    for s in range(0, rows.size, chunk):
-        part = [(int(r), _shingles(keys[r])) for r in rows[s:s + chunk] if keys[r]]
-        part = [(r, sh) for r, sh in part if sh]
-        if not part:
-            continue
-        hs = MinHash.bulk([[x.encode() for x in sh] for _, sh in part], num_perm=NUM_PERM,
-                          seed=seed + 1)
-        sigs.append(np.stack([h.hashvalues for h in hs]).astype(np.uint32))
-        have += [r for r, _ in part]
-    if not have:
-        return np.zeros(0, dtype=np.int64), np.zeros((0, NUM_PERM), dtype=np.uint32)
-    return np.asarray(have, dtype=np.int64), np.concatenate(sigs)
+    base = MinHash(num_perm=NUM_PERM, seed=seed + 1)
+    have, sig = [], np.zeros((rows.size, NUM_PERM), dtype=np.uint32)
+    for r in rows.tolist():
+        sh = _shingles(keys[r]) if keys[r] else None
+        if sh:
+            sig[len(have)] = _minhash(base, sh)
+            have.append(r)
+    return np.asarray(have, dtype=np.int64), sig[:len(have)].copy()
 
 
 def _fuzzy_pairs(keys: np.ndarray, rows: np.ndarray, rank: np.ndarray, containment: float,
@@ -184,11 +209,24 @@ def _train_kmeans(xn: np.ndarray, n_clusters: int, seed: int):
     return km
 
 
-def _clusters(xn: np.ndarray, n_clusters: int, seed: int, probes: int) -> np.ndarray:
-    """(N, probes): each row's nearest centroids (spherical k-means, faiss)."""
+def kmeans_sample(n: int, sample_rows: int, seed: int):
+    """Which of ``n`` remaining rows (in corpus order) train the k-means: None (all of them)
+    while ``n <= sample_rows``, else the sorted positions of a uniform sample of
+    ``sample_rows`` drawn with ``seed``. Both engines take this sample, so they train the same
+    centroids."""
+    if n <= sample_rows:
+        return None
+    return np.sort(np.random.default_rng(seed).choice(n, size=sample_rows, replace=False))
+
+
+def _clusters(xn: np.ndarray, n_clusters: int, seed: int, probes: int,
+              sample: np.ndarray | None = None) -> np.ndarray:
+    """(N, probes): each row's nearest centroids (spherical k-means, faiss, trained on the rows
+    at ``sample`` when given, else on all)."""
     if n_clusters <= 1:
         return np.zeros((xn.shape[0], 1), dtype=np.int64)
-    km = _train_kmeans(xn, n_clusters, seed)
+    km = _train_kmeans(xn if sample is None else np.ascontiguousarray(xn[sample]),
+                       n_clusters, seed)
     _, assign = km.index.search(xn, min(probes, n_clusters))
     return assign.astype(np.int64)
 
@@ -209,18 +247,79 @@ def _best_above(xm: np.ndarray):
     return best, arg
 
 
+def _cluster_best(xm: np.ndarray, cap: int = MAX_CLUSTER_ROWS):
+    """:func:`_best_above` for one cluster's unit rows ``xm`` in rank order, with the cost
+    capped: up to ``cap`` rows, every row against every row ranked above it. Beyond, the first
+    ``cap`` rows (the cluster's best ranked: its anchors) are compared among themselves, and the
+    later rows in pieces of ``cap``, each row against the anchors and the rows of its own piece
+    ranked above it. A cluster of near-identical rows is still found whole (every row is near
+    an anchor); only a pair of rows in two different later pieces, near each other but not
+    near an anchor, is missed. Cost: O(m x cap) cosines, memory O(cap) rows per block."""
+    m = xm.shape[0]
+    if m <= cap:
+        return _best_above(xm)
+    best, arg = np.empty(m, dtype=np.float32), np.empty(m, dtype=np.int64)
+    best[:cap], arg[:cap] = _best_above(xm[:cap])
+    for s in range(cap, m, cap):
+        e = min(m, s + cap)
+        b, a = _best_above(np.concatenate([xm[:cap], xm[s:e]]))
+        a = a[cap:]
+        best[s:e], arg[s:e] = b[cap:], np.where(a < cap, a, a - cap + s)
+    return best, arg
+
+
+def key_digests(keys) -> np.ndarray:
+    """A fixed-size digest (blake2b, ``KEY_DIGEST_BYTES`` bytes, as one numpy void value) of each
+    text key: what exact deduplication groups on, 16 bytes a row whatever the text's length."""
+    blob = b"".join(hashlib.blake2b(k.encode("utf-8", "surrogatepass"),
+                                    digest_size=KEY_DIGEST_BYTES).digest() for k in keys)
+    return np.frombuffer(blob, dtype=np.dtype((np.void, KEY_DIGEST_BYTES)))
+
+
+def _exact_dups(keys: np.ndarray, rank: np.ndarray):
+    """(rows, heads): every row whose non-empty key equals a better-ranked row's, and the
+    best-ranked row of its key. Rows are sorted on (key digest, rank); only rows that share a
+    digest are compared on the key itself (so even a digest collision keeps distinct texts
+    apart)."""
+    idx = np.flatnonzero(np.fromiter((k is not None and k != "" for k in keys), dtype=bool,
+                                     count=len(keys)))
+    if idx.size < 2:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    _, inv = np.unique(key_digests(keys[idx]), return_inverse=True)
+    order = np.lexsort((rank[idx], inv.ravel()))
+    g, r = inv.ravel()[order], idx[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1], True])
+    rows, heads = [], []
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        if b - a < 2:
+            continue
+        head = {}
+        for row in r[a:b].tolist():  # best ranked first: the first of each key stays
+            h = head.setdefault(keys[row], row)
+            if h != row:
+                rows.append(row)
+                heads.append(h)
+    return np.asarray(rows, dtype=np.int64), np.asarray(heads, dtype=np.int64)
+
+
 def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndarray,
                 row_of: np.ndarray, texts=None, *, exact: bool = True, fuzzy: bool = True,
                 near: bool = True, threshold: float = DEFAULT_THRESHOLD,
                 containment: float = DEFAULT_CONTAINMENT,
                 rows_per_cluster: int = ROWS_PER_CLUSTER, probes: int = 2,
                 boilerplate_min_docs: int | None = BOILERPLATE_MIN_DOCS,
-                seed: int = 0) -> DedupResult:
+                seed: int = 0, kmeans_sample_rows: int = KMEANS_SAMPLE_ROWS,
+                max_cluster_rows: int = MAX_CLUSTER_ROWS) -> DedupResult:
     """Deduplicate the corpus given as concatenated arrays: embeddings ``x`` (N, d), quality,
     ids, each row's shard index and row number, and optionally its text (for exact
     duplicates). Each row is compared inside its ``probes`` nearest clusters (2: a pair split
-    by a cluster boundary is still found). Returns per-shard keep masks and the dropped rows
-    with their lineage."""
+    by a cluster boundary is still found); the k-means is trained on at most
+    ``kmeans_sample_rows`` rows (:func:`kmeans_sample`) and a cluster of more than
+    ``max_cluster_rows`` members is compared in capped pieces (:func:`_cluster_best`). Returns
+    per-shard keep masks and the dropped rows with their lineage."""
+    if max_cluster_rows < 1 or kmeans_sample_rows < 1:
+        raise ValueError(f"max_cluster_rows ({max_cluster_rows}) and kmeans_sample_rows "
+                         f"({kmeans_sample_rows}) must be at least 1")
     t0 = time.perf_counter()
     n = int(x.shape[0])
     rank = _rank(np.asarray(q, dtype=np.float64), np.asarray(ids))
@@ -233,20 +332,9 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
             if texts is not None and (exact or fuzzy) else None)
 
     if exact and keys is not None:
-        valid = np.array([k is not None and k != "" for k in keys])
-        idx = np.flatnonzero(valid)
-        if idx.size:
-            _, inv = np.unique(keys[idx].astype(str), return_inverse=True)
-            # in each group of equal text, every row but the best ranked is a duplicate of it
-            order = np.lexsort((rank[idx], inv))
-            g, r = inv[order], idx[order]
-            first = np.r_[True, g[1:] != g[:-1]]
-            head = r[np.maximum.accumulate(np.where(first, np.arange(r.size), 0))]
-            dups = ~first
-            dup_of[r[dups]] = head[dups]
-            reason[r[dups]] = "exact"
-            cosine[r[dups]] = 1.0
-        stats["exact_dropped"] = int((reason == "exact").sum())
+        rows, heads = _exact_dups(keys, rank)
+        dup_of[rows], reason[rows], cosine[rows] = heads, "exact", 1.0
+        stats["exact_dropped"] = int(rows.size)
     elif exact:
         stats["exact_skipped"] = "no text column"
 
@@ -270,15 +358,20 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
         xa = np.ascontiguousarray(x[alive], dtype=np.float32)
         xa /= np.maximum(np.linalg.norm(xa, axis=1, keepdims=True), 1e-30)
         k = max(1, int(round(alive.size / rows_per_cluster)))
-        assign = _clusters(xa, k, seed, probes)
+        sample = kmeans_sample(alive.size, kmeans_sample_rows, seed) if k > 1 else None
+        assign = _clusters(xa, k, seed, probes, sample)
         stats["clusters"] = k
+        if k > 1:
+            stats["kmeans_sample"] = int(alive.size if sample is None else sample.size)
+        sizes = []
         for c in np.unique(assign):
             members = np.flatnonzero((assign == c).any(axis=1))
+            sizes.append(members.size)
             if members.size < 2:
                 continue
             members = members[np.argsort(rank[alive[members]], kind="stable")]
-            # each member against the members ranked above it, in row blocks
-            best, arg = _best_above(xa[members])
+            # each member against the members ranked above it (capped pieces, row blocks)
+            best, arg = _cluster_best(xa[members], max_cluster_rows)
             hit = np.flatnonzero(best >= threshold)
             rows = alive[members[hit]]
             better = np.isnan(cosine[rows]) | (best[hit] > cosine[rows])  # seen in 2 clusters
@@ -287,6 +380,8 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
             reason[rows] = "near"
             cosine[rows] = best[hit]
         stats["near_dropped"] = int((reason == "near").sum())
+        stats["largest_cluster"] = int(max(sizes, default=0))
+        stats["clusters_capped"] = int(sum(m > max_cluster_rows for m in sizes))
 
     drop = np.flatnonzero(dup_of >= 0)
     keep = dup_of < 0

@@ -6,19 +6,21 @@ steps run on a Ray cluster instead of one process holding every row:
 * each parquet row group of every shard is a Ray task (features: id, quality, embedding;
   raw: the text column, with the features' id and quality of the same rows);
 * boilerplate lines: every text's distinct lines, counted with ``groupby(line).count()``;
-* exact: ``groupby(sha1 of the normalised key).map_groups``, the best-ranked row of each
-  equal key stays;
+* exact: ``groupby(16-byte blake2b digest of the normalised key).map_groups``
+  (:func:`dedup.key_digests`), the best-ranked row of each equal key stays;
 * fuzzy: MinHash signatures per batch (``map_batches``), one record per LSH band,
   ``groupby(band bucket).map_groups`` proposes each row's best-ranked and next better-ranked
   band mate; the pair's two texts are brought together by ``groupby(row)`` (a join of the
   pair halves with the texts) and ``groupby(pair)`` checks the shingle containment;
 * near: the k-means centroids are trained in the driver (faiss, on the alive rows in global
-  order while there are at most ``kmeans_sample_rows``, else on a uniform sample), every row is
-  assigned to its ``probes`` nearest centroids by ``map_batches``, and
-  ``groupby(cluster).map_groups`` compares each member with the members ranked above it.
+  order while there are at most ``kmeans_sample_rows``, else on the seeded uniform sample of
+  :func:`dedup.kmeans_sample`, the embedded path's), every row is assigned to its ``probes``
+  nearest centroids by ``map_batches``, and ``groupby(cluster).map_groups`` compares each
+  member with the members ranked above it (a cluster over ``max_cluster_rows`` in capped
+  pieces, :func:`dedup._cluster_best`).
 
 What reaches the driver: the shards' parquet footers, the boilerplate line set, the k-means
-training sample, and the per-row outcome (one bit per row of "already dropped", and the
+training sample (the sample's choice as one bit per row), and the per-row outcome (one bit per row of "already dropped", and the
 dropped rows with their lineage, which is the result). Rows are ranked by the tuple
 (-quality, id as text, shard, row) -- :func:`dedup._rank` on ids given as text, as
 ``corpus_dedup`` gives them.
@@ -32,7 +34,6 @@ Needs ``ray[data]`` (the ``ray`` extra); imported only when called. No Dagster h
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import re
 import time
@@ -47,9 +48,10 @@ from .. import storage
 from ..data import RULE_EMB_NULL, RULE_EMB_RAGGED, RULE_ID_NULL, RULE_PRESENT, RULE_Q_NULL, RULE_READABLE
 from ..errors import DataContractError
 from .dedup import (BAND_ROWS, BANDS, BOILERPLATE_MIN_DOCS, DEFAULT_CONTAINMENT,
-                    DEFAULT_THRESHOLD, ROWS_PER_CLUSTER, DedupResult, _best_above,
-                    _distinct_lines, _doc_lines, _normalise, _rank_order, _shingles,
-                    _signatures, _strip_lines, _train_kmeans)
+                    DEFAULT_THRESHOLD, KMEANS_SAMPLE_ROWS, MAX_CLUSTER_ROWS, ROWS_PER_CLUSTER,
+                    DedupResult, _cluster_best, _distinct_lines, _doc_lines, _normalise,
+                    _rank_order, _shingles, _signatures, _strip_lines, _train_kmeans,
+                    key_digests, kmeans_sample)
 
 __all__ = ["ShardSource", "deduplicate_ray", "RULE_TEXT_ROWS"]
 
@@ -227,13 +229,24 @@ def _read_texts(batch: dict, cols: _Cols) -> pa.Table:
 
 
 # ------------------------------------------------------------------ per-batch and per-group steps
-def _alive(gid: np.ndarray, packed) -> np.ndarray:
-    """Whether each row is still alive, from the bit-packed "dropped" mask."""
+def _bit(gid: np.ndarray, packed) -> np.ndarray:
+    """Each row's bit in a bit-packed per-row mask (``np.packbits`` order)."""
     import ray
 
     if isinstance(packed, ray.ObjectRef):
         packed = ray.get(packed)
-    return ((packed[gid >> 3] >> (7 - (gid & 7)).astype(np.uint8)) & 1) == 0
+    return ((packed[gid >> 3] >> (7 - (gid & 7)).astype(np.uint8)) & 1) == 1
+
+
+def _alive(gid: np.ndarray, packed) -> np.ndarray:
+    """Whether each row is still alive, from the bit-packed "dropped" mask."""
+    return ~_bit(gid, packed)
+
+
+def _sampled_batch(batch: dict, packed) -> dict:
+    """The rows of the k-means training sample (their bit set in ``packed``)."""
+    keep = _bit(batch["gid"], packed)
+    return {"gid": batch["gid"][keep], "emb": batch["emb"][keep]}
 
 
 def _line_batch(t: pa.Table) -> pa.Table:
@@ -255,11 +268,11 @@ def _key_batch(t: pa.Table, common) -> pa.Table:
 
 
 def _hash_batch(t: pa.Table) -> pa.Table:
+    """The rows with a non-empty key and the key's digest ``h`` (16 bytes, as hex text)."""
     keys = t.column("key").to_pylist()
     ok = np.array([k is not None and k != "" for k in keys], dtype=bool)
     t = t.filter(pa.array(ok))
-    h = [hashlib.sha1(k.encode("utf-8", "surrogatepass")).hexdigest()
-         for k, o in zip(keys, ok) if o]
+    h = [v.tobytes().hex() for v in key_digests([k for k, o in zip(keys, ok) if o])]
     return t.append_column("h", pa.array(h, pa.string()))
 
 
@@ -283,7 +296,7 @@ def _table(schema: pa.Schema, **cols) -> pa.Table:
 
 
 def _exact_group(g: dict) -> pa.Table:
-    """Rows with equal normalised text (one sha1 bucket, split by the text itself): every
+    """Rows with equal normalised text (one digest bucket, split by the text itself): every
     row but the best-ranked is a duplicate of it."""
     o = _order(g)
     keys, gid = np.asarray(g["key"], dtype=object)[o], np.asarray(g["gid"])[o]
@@ -410,14 +423,16 @@ def _assign_batch(batch: dict, index_bytes, probes: int) -> dict:
             "id": batch["id"][rep], "emb": batch["emb"][rep]}
 
 
-def _near_group(g: dict, threshold: float) -> pa.Table:
+def _near_group(g: dict, threshold: float, cap: int) -> pa.Table:
     """One cluster in rank order: a member is a duplicate of its most similar better-ranked
-    member when their cosine is >= ``threshold``."""
+    member when their cosine is >= ``threshold`` (a cluster over ``cap`` rows in capped
+    pieces, as the embedded path)."""
     if len(g["gid"]) < 2:
         return _NEAR_HITS.empty_table()
     o = _order(g)
     gid = np.asarray(g["gid"])[o]
-    best, arg = _best_above(np.ascontiguousarray(np.asarray(g["emb"])[o], dtype=np.float32))
+    best, arg = _cluster_best(np.ascontiguousarray(np.asarray(g["emb"])[o], dtype=np.float32),
+                              cap)
     hit = np.flatnonzero(best >= threshold)
     return _table(_NEAR_HITS, gid=gid[hit], dup=gid[arg[hit]], cos=best[hit].astype(np.float32),
                   cluster=np.full(hit.size, int(g["cluster"][0]), dtype=np.int64))
@@ -439,12 +454,27 @@ def _collect(ds, columns) -> dict:
     return {c: (np.concatenate(v) if v else np.zeros(0)) for c, v in parts.items()}
 
 
+def _kmeans_rows(unit, dup_of: np.ndarray, sample_rows: int, seed: int):
+    """The rows of ``unit`` (the alive rows) that train the k-means: all of them up to
+    ``sample_rows``, else the embedded path's sample (:func:`dedup.kmeans_sample` of the
+    alive rows in global order), picked out by one bit per row."""
+    alive = np.flatnonzero(dup_of < 0)
+    pos = kmeans_sample(alive.size, sample_rows, seed)
+    if pos is None:
+        return unit.select_columns(["gid", "emb"])
+    chosen = np.zeros(dup_of.size, dtype=bool)
+    chosen[alive[pos]] = True
+    return unit.map_batches(_sampled_batch, batch_format="numpy",
+                            fn_kwargs={"packed": _pack(chosen)})
+
+
 def deduplicate_ray(shards, *, exact: bool = True, fuzzy: bool = True, near: bool = True,
                     threshold: float = DEFAULT_THRESHOLD,
                     containment: float = DEFAULT_CONTAINMENT,
                     rows_per_cluster: int = ROWS_PER_CLUSTER, probes: int = 2,
                     boilerplate_min_docs: int | None = BOILERPLATE_MIN_DOCS, seed: int = 0,
-                    kmeans_sample_rows: int = 1_000_000, id_column: str = "id",
+                    kmeans_sample_rows: int = KMEANS_SAMPLE_ROWS,
+                    max_cluster_rows: int = MAX_CLUSTER_ROWS, id_column: str = "id",
                     quality_column: str = "quality", embedding_column: str = "embedding",
                     expected_dim: int | None = None, shuffle_partitions: int | None = None,
                     log=None) -> DedupResult:
@@ -453,12 +483,15 @@ def deduplicate_ray(shards, *, exact: bool = True, fuzzy: bool = True, near: boo
     shard-index order. ``shuffle_partitions``: partitions of each groupby (None: Ray's
     default). Returns per-shard keep masks and the dropped rows with their lineage, equal to
     the embedded path's on the same rows."""
+    if max_cluster_rows < 1 or kmeans_sample_rows < 1:
+        raise ValueError(f"max_cluster_rows ({max_cluster_rows}) and kmeans_sample_rows "
+                         f"({kmeans_sample_rows}) must be at least 1")
     try:
         return _deduplicate_ray(
             list(shards), exact=exact, fuzzy=fuzzy, near=near, threshold=threshold,
             containment=containment, rows_per_cluster=rows_per_cluster, probes=probes,
             boilerplate_min_docs=boilerplate_min_docs, seed=seed,
-            kmeans_sample_rows=kmeans_sample_rows,
+            kmeans_sample_rows=kmeans_sample_rows, max_cluster_rows=max_cluster_rows,
             cols=_Cols(id_column, quality_column, embedding_column), expected_dim=expected_dim,
             parts=shuffle_partitions, log=log or (lambda msg: None))
     except DataContractError:
@@ -471,7 +504,8 @@ def deduplicate_ray(shards, *, exact: bool = True, fuzzy: bool = True, near: boo
 
 
 def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows_per_cluster,
-                     probes, boilerplate_min_docs, seed, kmeans_sample_rows, cols, expected_dim,
+                     probes, boilerplate_min_docs, seed, kmeans_sample_rows, max_cluster_rows,
+                     cols, expected_dim,
                      parts, log) -> DedupResult:
     import ray
     import ray.data
@@ -560,9 +594,7 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
         stats["clusters"] = k
         index_ref = None
         if k > 1:
-            sample = unit if alive_n <= kmeans_sample_rows else unit.random_sample(
-                kmeans_sample_rows / alive_n, seed=seed)
-            got = _collect(sample.select_columns(["gid", "emb"]), ["gid", "emb"])
+            got = _collect(_kmeans_rows(unit, dup_of, kmeans_sample_rows, seed), ["gid", "emb"])
             xs = np.ascontiguousarray(got["emb"][np.argsort(got["gid"], kind="stable")],
                                       dtype=np.float32)
             stats["kmeans_sample"] = int(xs.shape[0])
@@ -576,7 +608,8 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
                                             "probes": min(probes, k)})
                 .groupby("cluster", num_partitions=parts)
                 .map_groups(_near_group, batch_format="numpy",
-                            fn_kwargs={"threshold": float(threshold)}))
+                            fn_kwargs={"threshold": float(threshold),
+                                       "cap": int(max_cluster_rows)}))
         got = _collect(hits, ["gid", "dup", "cos", "cluster"])
         g, d = got["gid"].astype(np.int64), got["dup"].astype(np.int64)
         cs, cl = got["cos"].astype(np.float32), got["cluster"].astype(np.int64)
