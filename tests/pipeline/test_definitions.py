@@ -88,13 +88,16 @@ def test_asset_graph_snapshot():
     assert all(graph.get(c).description for c in graph.asset_check_keys)
 
     assert graph.get(dg.AssetKey("mask")).pools == {"gpu"}
-    assert mask.op.retry_policy == dg.RetryPolicy(max_retries=2, delay=5)
-    # every step that reads or writes storage retries a transient error in the run (bad input
-    # fails with allow_retries=False and is not retried; the instance never re-runs a step)
-    from assets.ingest import TRANSIENT_RETRY
+    # every step that reads or writes storage retries a transient I/O error in the run, and
+    # nothing else: no RetryPolicy (Dagster's retries any exception and every interrupt), the
+    # body wrapped in retry_transient_io (tests/pipeline/test_transient_retries.py)
+    from assets.ingest import TRANSIENT_DELAY_S, TRANSIENT_MAX_RETRIES
     for key in ("features", "mask", "shard_report", "selected_subset", "corpus_summary",
                 "corpus_dedup", "corpus_selection", "corpus_subset"):
-        assert defs.get_assets_def(key).op.retry_policy == TRANSIENT_RETRY, key
+        op = defs.get_assets_def(key).op
+        assert op.retry_policy is None, key
+        assert op.compute_fn.decorated_fn.transient_retry == (TRANSIENT_MAX_RETRIES,
+                                                               TRANSIENT_DELAY_S), key
 
 
 def test_jobs_sensor_schedule_resources():

@@ -4,8 +4,9 @@ Dagster decides when a run fails whether the daemon will retry it, and records i
 tag ``dagster/will_retry``. With the instance settings of both files:
 
 * a failed blocking check and a ``Failure(allow_retries=False)`` give ``will_retry=false``;
-* a transient error in the mask step is retried inside the run by the step's own
-  ``RetryPolicy`` (3 attempts at most), and the failed run is not retried again (it was 6);
+* a transient I/O error is retried inside the run (``retry_transient_io``, 3 attempts at most),
+  a path error of the mask step is not retried at all, and neither failed run is retried
+  again (it was 6 attempts);
 * a run that died around its steps (the run worker restarted) is still retried once.
 """
 
@@ -17,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from assets.ingest import TRANSIENT_MAX_RETRIES, retry_transient_io
 from assets.learn import MaskConfig, mask
 from assets.partitions import register_shards
 from datamask_pipeline.engine.sample import make_table
@@ -79,24 +81,37 @@ def test_a_failed_blocking_check_or_a_no_retry_failure_is_not_run_again(
     assert _tag(inst, refused) == "false"
 
 
-def test_a_transient_mask_error_is_retried_in_the_run_and_not_by_a_new_run(
+def test_a_path_error_in_the_mask_step_is_not_retried_in_the_run_nor_by_a_new_run(
         retrying_instance, data_root, resources):
     inst = retrying_instance
     os.makedirs(data_root.raw_root, exist_ok=True)
     pq.write_table(make_table(ROWS, dim=DIM, seed=11), data_root.raw_shard("s"))
     register_shards(inst, data_root.raw_root)
-    # the mask file cannot be published (its path is a directory) on any attempt
+    # the mask file cannot be published (its path is a directory): the next attempt would
+    # meet the same directory, so it is not transient (was: retried twice by a RetryPolicy)
     os.makedirs(os.path.join(data_root.mask("s"), "in_the_way"))
-    policy = mask.op.retry_policy
-    assert policy is not None and policy.max_retries == 2
+    assert mask.op.retry_policy is None
 
     result = dg.materialize(ALL_ASSETS, partition_key="s", instance=inst, resources=resources,
                             selection=CHAIN, raise_on_error=False,
                             run_config=dg.RunConfig({"mask": MaskConfig(**TINY)}))
     assert not result.success
+    assert [e for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"] == []
+    failure = [e for e in result.all_events if e.is_step_failure][0]
+    assert failure.step_key == "mask" and "is a directory" in failure.step_failure_data.error.to_string()
+    assert _tag(inst, result) == "false"  # ... and no second run repeats it
+
+
+def test_a_transient_error_is_retried_in_the_run_and_not_by_a_new_run(retrying_instance):
+    @dg.asset(name="probe")
+    @retry_transient_io(seconds_to_wait=0)
+    def probe():
+        raise TimeoutError("the object store did not answer")
+
+    result = dg.materialize([probe], instance=retrying_instance, raise_on_error=False)
     retried = [e.step_key for e in result.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
-    assert retried == ["mask"] * policy.max_retries  # the step's RetryPolicy covered it
-    assert _tag(inst, result) == "false"  # ... and no second run repeats the three attempts
+    assert retried == ["probe"] * TRANSIENT_MAX_RETRIES  # 3 attempts in the run
+    assert _tag(retrying_instance, result) == "false"  # ... and no second run repeats them
 
 
 def test_a_run_whose_worker_died_is_still_retried(retrying_instance):
