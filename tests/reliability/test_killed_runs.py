@@ -9,10 +9,12 @@
   checkpoint every few steps through run config) is SIGKILLed mid-learning; a new run
   resumes from the checkpoint (``resumed_from_step`` in the metadata) and writes the mask
   parquet byte-identical to an uninterrupted run's.
-* Retries: a mask step that fails after learning (a transient publish failure) is retried by
-  its ``RetryPolicy`` and the retry resumes from the checkpoint (no step recomputed); the
-  job's run-retry tags re-execute from the failed step. Slow variant: the multiprocess
-  executor's mask step process is SIGKILLed and the RetryPolicy retry resumes.
+* Retries: only a transient I/O error is retried in the run (``retry_transient_io``; issue 26:
+  no ``RetryPolicy``, which retried interrupts and allocation errors too). A mask step that
+  fails after learning (its publish path blocked) fails after one attempt, and the next run
+  resumes from the checkpoint (no step recomputed). Slow variant: the multiprocess
+  executor's mask step process is SIGKILLed (what the OOM killer does): the step fails once,
+  not retried, and the next run resumes.
 """
 
 import json
@@ -20,7 +22,6 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -285,42 +286,33 @@ def test_dagster_run_sigkilled_mid_learning_resumes(shard_world):
         assert visible_files(os.path.join(w["root"], d)) == (["shard_k.parquet"] if d == "masks" else [])
 
 
-def test_retry_policy_retry_resumes_instead_of_restarting(shard_world):
-    """A transient failure after learning (the mask file cannot be published: its path is
-    blocked by a directory, cleared while the RetryPolicy waits) is retried in the same run,
-    and the retry resumes from the checkpoint: no step is recomputed."""
+def test_a_failed_publish_is_not_retried_and_the_next_run_resumes(shard_world):
+    """A failure after learning (the mask file cannot be published: its path is blocked by a
+    directory) fails the step after one attempt: the same path would fail again, so it is not
+    retried. Once the path is cleared, the next run resumes from the checkpoint: no step is
+    recomputed."""
     sw, key = shard_world, shard_world["key"]
     w = sw["killed"]
     root = DataRoot(root=w["root"])
     blocker = root.mask(key)
     os.makedirs(os.path.join(blocker, "in_the_way"))
-    cleared = threading.Event()
 
     with dg.DagsterInstance.from_config(w["home"]) as inst:
-        def clear_on_retry():
-            deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and not cleared.is_set():
-                for r in inst.get_runs(limit=1):
-                    if inst.all_logs(r.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY):
-                        os.rmdir(os.path.join(blocker, "in_the_way"))
-                        os.rmdir(blocker)
-                        cleared.set()
-                        return
-                time.sleep(0.05)
+        def run():
+            return dg.materialize(ALL_ASSETS, partition_key=key, instance=inst,
+                                  resources=_resources(w["root"]),
+                                  run_config=dg.RunConfig({"mask": MaskConfig(**MASK_KILL)}),
+                                  selection=[dg.AssetKey("mask")], raise_on_error=False)
 
-        watcher = threading.Thread(target=clear_on_retry, daemon=True)
-        watcher.start()
-        res = dg.materialize(ALL_ASSETS, partition_key=key, instance=inst,
-                             resources=_resources(w["root"]),
-                             run_config=dg.RunConfig({"mask": MaskConfig(**MASK_KILL)}),
-                             selection=[dg.AssetKey("mask")], raise_on_error=False)
-        watcher.join(timeout=10)
-        assert cleared.is_set()
-        assert res.success
-        retries = [e for e in res.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
-        assert [e.step_key for e in retries] == ["mask"]
-        err = retries[0].event_specific_data.error
+        failed = run()
+        assert not failed.success
+        assert not [e for e in failed.all_events if e.event_type_value == "STEP_UP_FOR_RETRY"]
+        err = [e for e in failed.all_events if e.is_step_failure][0].step_failure_data.error
         assert "StorageError" in err.to_string() and "is a directory" in err.to_string()
+        os.rmdir(os.path.join(blocker, "in_the_way"))
+        os.rmdir(blocker)
+        res = run()
+        assert res.success
         logs = [e.message for e in inst.all_logs(res.run_id) if e.message]
         mat = _mask_meta(inst, key)
     # the retry found the first attempt's final checkpoint and did not learn again
@@ -331,7 +323,8 @@ def test_retry_policy_retry_resumes_instead_of_restarting(shard_world):
 
 def test_run_retry_configuration():
     """Run-level retries (the daemon) are the instance's: one retry for every run, whatever
-    launched it (no job-level tag needed); step-level: the mask's RetryPolicy."""
+    launched it (no job-level tag needed); step-level: transient I/O errors only
+    (``retry_transient_io``), no RetryPolicy (it retried interrupts and allocation errors)."""
     from assets.learn import mask
 
     assert "dagster/max_retries" not in datamask_job.tags  # one owner: the instance
@@ -339,8 +332,8 @@ def test_run_retry_configuration():
         conf = yaml.safe_load(fh)
     with dg.instance_for_test(overrides={"run_retries": conf["run_retries"]}) as inst:
         assert inst.run_retries_enabled and inst.run_retries_max_retries == 1
-    policy = mask.op.retry_policy
-    assert policy is not None and policy.max_retries >= 1
+    assert mask.op.retry_policy is None
+    assert mask.op.compute_fn.decorated_fn.transient_retry[0] >= 1
 
 
 # ------------------------------------------------------------------ slow: multiprocess
@@ -366,11 +359,12 @@ def _descendants(pid: int) -> list:
 
 
 @pytest.mark.slow
-def test_multiprocess_step_sigkill_is_retried_and_resumes(shard_world):
+def test_multiprocess_step_sigkill_fails_once_and_the_next_run_resumes(shard_world):
     """The mask step runs in its own process (multiprocess executor, tests/reliability/
-    mp_defs.py: the product's assets and resources); SIGKILL that process mid-learning: the
-    orchestrator sees the crash, the mask's RetryPolicy retries it in a new process, and the
-    retry resumes from the checkpoint."""
+    mp_defs.py: the product's assets and resources); SIGKILL that process mid-learning (what
+    the OOM killer does): the orchestrator sees the crash and fails the step, without a retry
+    (no RetryPolicy: a step killed for its memory would be killed again); the next run of the
+    same command resumes from the checkpoint."""
     sw, key = shard_world, shard_world["key"]
     w = sw["killed"]
     root = DataRoot(root=w["root"])
@@ -393,12 +387,19 @@ def test_multiprocess_step_sigkill_is_retried_and_resumes(shard_world):
             if p.poll() is None:
                 kill_group(p)
     text = open(log_path).read()
-    assert rc == 0, text[-4000:]
+    assert rc != 0, text[-4000:]
     with dg.DagsterInstance.from_config(w["home"]) as inst:
         run = inst.get_runs(limit=1)[0]
-        retries = inst.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY)
+        assert run.status == dg.DagsterRunStatus.FAILURE
+        assert not inst.all_logs(run.run_id, of_type=dg.DagsterEventType.STEP_UP_FOR_RETRY)
+    again = subprocess.run(
+        [str(BIN / "dagster"), "asset", "materialize", "-m", "tests.reliability.mp_defs",
+         "--select", "mask", "--partition", key, "--config-json", _mask_config_json()],
+        cwd=str(REPO), env=dagster_env(w["home"], w["root"]), capture_output=True, text=True,
+        timeout=400)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    with dg.DagsterInstance.from_config(w["home"]) as inst:
         mat = _mask_meta(inst, key)
-    assert [e.step_key for e in retries] == ["mask"]
     assert mat.metadata["resumed_from_step"].value >= step_at_kill > 0
     assert read_bytes(root.mask(key)) == sw["reference"]["mask"]
 
