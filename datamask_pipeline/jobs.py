@@ -14,7 +14,6 @@ config (dagster-io/dagster#34045), so give it the preset's::
 """
 
 import json
-import sys
 import warnings
 
 import dagster as dg
@@ -117,7 +116,26 @@ def corpus_run_config(dedup: dict | None = None, **knobs) -> dict:
     return {"ops": ops}
 
 
-if __name__ == "__main__":  # python -m datamask_pipeline.jobs PRESET: the preset's run config
-    if len(sys.argv) != 2 or sys.argv[1] not in PRESET_JOBS:
-        sys.exit(f"usage: python -m datamask_pipeline.jobs {{{','.join(PRESET_JOBS)}}}")
-    print(json.dumps(preset_run_config(sys.argv[1])))
+def main(argv=None) -> int:
+    """``python -m datamask_pipeline.jobs PRESET``: print the run config of a preset's job."""
+    from datamask_pipeline.engine.cli_flags import CommandLine
+
+    jobs = "; ".join(f"{p}: {j.name}" for p, j in PRESET_JOBS.items())
+    p = CommandLine(
+        "datamask_pipeline.jobs",
+        description="Print the run config (JSON) that gives the mask step every knob of a "
+                    f"preset, for the preset's job ({jobs}). Dagster 1.13's `dg launch --job "
+                    "NAME --partition KEY` runs a partitioned job without its own config "
+                    "(dagster-io/dagster#34045), so pass it this: dg launch --job "
+                    "datamask_upstream_job --partition KEY --config-json \"$(python -m "
+                    "datamask_pipeline.jobs upstream)\"",
+    )
+    p.add_argument("preset", choices=list(PRESET_JOBS),
+                   help="the preset whose run config to print")
+    args = p.parse_args(argv)
+    print(json.dumps(preset_run_config(args.preset)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -24,6 +24,7 @@ import time
 
 import typing
 
+from .cli_flags import CommandLine, learner_config, number, whole
 from .config import ConfigError, LearnerConfig, knob_flags, profile_defaults
 
 
@@ -73,8 +74,8 @@ def add_knob_arguments(group, exclude=(), shown_profile: str | None = None) -> N
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="train_mask",
+    p = CommandLine(
+        "datamask_pipeline.engine.cli",
         description="DATAMASK: select a high-quality, diverse subset of a parquet shard. "
                     "Method knobs default to the 'upstream' profile (upstream's train_mask.py); "
                     "--profile pipeline gives the Dagster pipeline's defaults.",
@@ -89,7 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "flags override it")
     add_knob_arguments(knobs, shown_profile="upstream")
     ex = p.add_argument_group("data and run")
-    ex.add_argument("--id-column", default="chunk_id")
+    ex.add_argument("--id-column", default=None,
+                    help="the id column (default chunk_id; a file without one whose columns "
+                         "include 'id' uses that, and says so)")
     ex.add_argument("--quality-column", action="append", default=None,
                     help="quality column (repeat to sum several; default quality_score)")
     ex.add_argument("--quality-weights", default=None,
@@ -103,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="wordllama (default; ships in its package, offline; wordllama:128 or "
                           ":64 for fewer dimensions) or a sentence-transformers model name or "
                           "local directory")
-    emb.add_argument("--embed-max-tokens", type=int, default=None,
+    emb.add_argument("--embed-max-tokens", type=whole(1), default=None,
                      help="tokens embedded per text (per window with --embed-pooling chunks); "
                           "default: the model's limit (512 for wordllama)")
     emb.add_argument("--embed-pooling", default="truncate", choices=("truncate", "chunks"),
@@ -123,32 +126,85 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument("--quality-checkpoint", default=None,
                     help="directory for the quality score chunks; a rerun reuses the chunks "
                          "already there (default: a temporary directory)")
-    ex.add_argument("--expected-dim", type=int, default=None)
-    ex.add_argument("--quality-min", type=float, default=None,
+    ex.add_argument("--expected-dim", type=whole(1), default=None)
+    ex.add_argument("--quality-min", type=number(), default=None,
                     help="declared lower bound of every quality column (inclusive); a shard "
                          "with a value below it breaks the data contract")
-    ex.add_argument("--quality-max", type=float, default=None,
+    ex.add_argument("--quality-max", type=number(), default=None,
                     help="declared upper bound of every quality column (inclusive)")
     ex.add_argument("--precision", default="fp32", choices=("fp32", "tf32", "bf16"))
-    ex.add_argument("--threads", type=int, default=0,
+    ex.add_argument("--threads", type=whole(0), default=0,
                     help="torch CPU threads (0, the default: the cores not already busy when "
                          "the run starts, from the load average; OMP_NUM_THREADS, when set, "
                          "is kept)")
     ex.add_argument("--checkpoint", default=None, help="checkpoint file (resumed if it matches)")
-    ex.add_argument("--checkpoint-every", type=int, default=100)
+    ex.add_argument("--checkpoint-every", type=whole(1), default=100)
     ex.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint")
     ex.add_argument("--masks-output", default=None,
                     help="also write per-sample id, logit, rank, selected parquet")
     ex.add_argument("--summary-json", default=None, help="write the JSON summary here too")
-    ex.add_argument("--progress-every", type=int, default=None)
+    ex.add_argument("--progress-every", type=whole(1), default=None)
     ex.add_argument("--no-progress", action="store_true")
     return p
 
 
 def config_from_args(args) -> LearnerConfig:
-    """The knobs given on the command line over the chosen profile's defaults."""
+    """The knobs given on the command line over the chosen profile's defaults; a value that
+    breaks a knob's rule raises ConfigError naming its flag."""
     given = {f: getattr(args, f) for f in LearnerConfig.model_fields if hasattr(args, f)}
-    return LearnerConfig(**{**profile_defaults(args.profile), **given})
+    try:
+        base = profile_defaults(args.profile)
+    except ConfigError as exc:
+        raise ConfigError(f"--profile {args.profile}: {exc}") from None
+    return learner_config(base, given, lambda knob: knob_flags(knob)[0])
+
+
+def quality_weights(args) -> tuple | None:
+    """``--quality-weights`` as numbers, one per quality column (ConfigError otherwise)."""
+    if not args.quality_weights:
+        return None
+    qcols = tuple(args.quality_column or ["quality_score"])
+    try:
+        weights = tuple(float(w) for w in args.quality_weights.split(","))
+    except ValueError:
+        raise ConfigError(f"--quality-weights {args.quality_weights}: expected comma-separated "
+                          "numbers, one per --quality-column") from None
+    if len(weights) != len(qcols):
+        raise ConfigError(
+            f"--quality-weights has {len(weights)} values for {len(qcols)} quality columns"
+        )
+    return weights
+
+
+def check_args(args) -> LearnerConfig:
+    """Every flag value checked before any work (reading, embedding, learning): the method
+    knobs, the quality weights and range, and the id column of the input (detected as the
+    demo detects it, ``engine.id_column``). Raises ConfigError naming the flag; returns the
+    knobs."""
+    from .id_column import IdColumnError, detect_id_column, file_columns
+    from .storage import StorageError
+
+    cfg = config_from_args(args)
+    quality_weights(args)
+    if (args.quality_min is not None and args.quality_max is not None
+            and args.quality_min > args.quality_max):
+        raise ConfigError(f"--quality-min {args.quality_min:g} is above --quality-max "
+                          f"{args.quality_max:g}")
+    try:
+        names = file_columns(args.input)
+    except (OSError, ValueError, StorageError):
+        names = None  # an unreadable input: read_shard says why, in its own words
+    if names is None:
+        args.id_column = args.id_column or "chunk_id"
+    else:
+        try:
+            args.id_column, note = detect_id_column(names, args.id_column,
+                                                    where=f"--input {args.input}")
+        except IdColumnError as exc:
+            raise ConfigError(str(exc)) from None
+        if note:
+            print(f"train_mask: {note}", file=sys.stderr)
+    return cfg
 
 
 class ProgressBar:
@@ -312,7 +368,7 @@ def _add_embeddings(output: str, shard, selected) -> None:
     storage.atomic_write_table(table.append_column(shard.columns.embedding, col), output)
 
 
-def run(args) -> dict:
+def run(args, cfg: LearnerConfig | None = None) -> dict:
     import pyarrow as pa
     import torch
 
@@ -322,7 +378,8 @@ def run(args) -> dict:
     from .select import select_shard
 
     t0 = time.perf_counter()
-    cfg = config_from_args(args)
+    if cfg is None:
+        cfg = check_args(args)
     device = resolve_device(args.device)
     threads = (None, "CUDA run")
     if device.type == "cpu":
@@ -330,13 +387,7 @@ def run(args) -> dict:
         if threads[0] is not None:
             torch.set_num_threads(threads[0])
     qcols = tuple(args.quality_column or ["quality_score"])
-    weights = None
-    if args.quality_weights:
-        weights = tuple(float(w) for w in args.quality_weights.split(","))
-        if len(weights) != len(qcols):
-            raise ConfigError(
-                f"--quality-weights has {len(weights)} values for {len(qcols)} quality columns"
-            )
+    weights = quality_weights(args)
     columns = Columns(id=args.id_column, quality=qcols, quality_weights=weights,
                       embedding=args.embedding_column, text=args.text_column or None,
                       quality_from_text=bool((args.quality_scorer or "").strip()))
@@ -420,7 +471,13 @@ def run(args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = check_args(args)  # before torch and the data are loaded
+    except ConfigError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
     import pickle
 
     from .data import DataContractError
@@ -428,10 +485,10 @@ def main(argv=None) -> int:
     from .storage import StorageError
 
     try:
-        summary = run(args)
+        summary = run(args, cfg)
     except (ConfigError, DeviceError, DataContractError, StorageError,
             pickle.UnpicklingError) as exc:  # UnpicklingError: an unsafe --checkpoint file
-        print(f"train_mask: error: {exc}", file=sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     text = json.dumps(summary, indent=2, default=str)
     if args.summary_json:

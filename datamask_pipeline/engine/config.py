@@ -32,8 +32,14 @@ def canonical_algorithm(name: str) -> str:
     try:
         return terms.get(name).name
     except (KeyError, ValueError):
+        import difflib
+
+        known = list(terms.names())
+        close = difflib.get_close_matches(str(name).lower(), [n.lower() for n in known], n=1,
+                                          cutoff=0.6)
+        hint = f"; did you mean {known[[n.lower() for n in known].index(close[0])]!r}?" if close else ""
         raise ConfigError(
-            f"unknown algorithm {name!r}: choose one of {', '.join(terms.names())}"
+            f"unknown algorithm {name!r}: choose one of {', '.join(known)}{hint}"
         ) from None
 
 

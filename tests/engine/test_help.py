@@ -16,7 +16,11 @@ SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scrip
 # the README's `python -m` command lines that take arguments
 MODULES = ["datamask_pipeline.engine.cli", "datamask_pipeline.register",
            "datamask_pipeline.recover", "datamask_pipeline.plan",
-           "datamask_pipeline.reporting.tradeoff"]
+           "datamask_pipeline.reporting.tradeoff", "datamask_pipeline.demo",
+           "datamask_pipeline.jobs"]
+# the command lines whose help names the command as it was invoked (issue 26, point 5)
+NAMED = ["datamask_pipeline.engine.cli", "datamask_pipeline.register", "datamask_pipeline.demo",
+         "datamask_pipeline.jobs"]
 
 
 def _run(cmd):
@@ -42,7 +46,7 @@ def test_console_script_help(name):
     for cmd in cmds:
         r = _run(cmd)
         assert r.returncode == 0, (cmd, r.stderr[-2000:])
-        assert r.stdout.startswith("usage:"), r.stdout[:200]
+        assert r.stdout.startswith(f"usage: {name} "), r.stdout[:200]  # not another CLI's name
         assert "Traceback" not in r.stderr
         assert "==SUPPRESS==" not in r.stdout
         # every method knob has its flag, and the help names the upstream profile's default
@@ -58,3 +62,6 @@ def test_module_help(module):
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("usage:") and "Traceback" not in r.stderr
     assert "==SUPPRESS==" not in r.stdout
+    if module in NAMED:
+        assert r.stdout.startswith(f"usage: python -m {module} "), r.stdout[:200]
+        assert r.stdout.count("\n\n") >= 2  # a description and the flags, not a usage line
