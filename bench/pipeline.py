@@ -44,9 +44,9 @@ def pipeline_overhead(workdir: Path, rows: int, dim: int, reps: int = 1, timeout
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
         env["DATAMASK_CPU_THREADS"] = str(threads)
-    demo_cmd = [sys.executable, "-m", "datamask_pipeline.demo", "--shards", "1", "--rows", str(rows),
-                "--dim", str(dim), "--preset", preset, "--device", "cpu",
-                "--data-root", str(root)]
+    # the shard generated above is the data root's: the demo refuses sample-shape flags there
+    demo_cmd = [sys.executable, "-m", "datamask_pipeline.demo", "--preset", preset,
+                "--device", "cpu", "--data-root", str(root)]
     runs = {"engine_cli": [], "dagster_demo": []}
     shard_s, learn_s = [], []
     errors = []

@@ -2,6 +2,7 @@
 data root that already holds parquet files selects for the corpus by default."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -27,6 +28,17 @@ def test_demo_selects_for_the_corpus_of_a_data_root_with_parquet_files(tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "mode gather" in r.stdout and "of the 900 input rows; 91 rows selected" in r.stdout
     assert "deduplication: " in r.stdout and "rows dropped" in r.stdout
+    assert r.stdout.startswith(f"data: the 3 parquet file(s) in {root} (--data-root {root})")
+    assert "SAMPLE" not in r.stdout and "generated" not in r.stdout
+    # the closing lines name every output where it is (issue 26, point 8)
+    outputs = r.stdout[r.stdout.index("\nOutputs:\n"):].splitlines()[2:6]
+    assert [ln.split()[0:2] for ln in outputs] == [
+        ["selected", "rows"], ["corpus", "report"], ["lineage", str(root / "corpus" / "selection.parquet")],
+        ["duplicates", str(root / "corpus" / "duplicates.parquet")]], outputs
+    assert f"selected rows  {root / 'selected'}/<shard>.parquet" in outputs[0]
+    assert outputs[1].split()[2] == str(root / "corpus" / "report.html")
+    for ln in outputs[1:]:
+        assert os.path.isfile(ln.split()[2 if ln.split()[0] == "corpus" else 1]), ln
     files = sorted(os.listdir(root / "selected"))
     assert files == [f"shard_00{i}.parquet" for i in range(3)]
     ids = [i for f in files for i in pq.read_table(root / "selected" / f).column("chunk_id").to_pylist()]
@@ -34,9 +46,20 @@ def test_demo_selects_for_the_corpus_of_a_data_root_with_parquet_files(tmp_path)
     # the raw files were used as they are: nothing generated beside them
     assert sorted(p.name for p in root.glob("*.parquet")) == [f"shard_00{i}.parquet" for i in range(3)]
     assert not (root / "raw").exists()
+    # the README's "Where the outputs are": each file the main job writes is where it says
+    # (the per-shard chain's and corpus_summary's rows are that chain's, not the main job's)
+    from tests.doc_pages import page
 
-    # the README's re-selection command, on the same instance and data root
-    readme = open(os.path.join(REPO, "README.md")).read()
+    section = page("README.md").split("## Where the outputs are", 1)[1].split("\n## ", 1)[0]
+    rows = [ln.split(" | ")[0] for ln in section.splitlines() if ln.startswith("| `")
+            and "per-shard chain" not in ln and "corpus_summary" not in ln]
+    named = [p for cell in rows for p in re.findall(r"`([^`]+)`", cell)]
+    assert {"selected/<shard>.parquet", "corpus/selection.parquet", "corpus/report.html"} <= set(named)
+    for p in named:
+        assert (root / p.replace("<shard>", "shard_000")).is_file(), p
+
+    # the re-selection command of docs/corpus.md, on the same instance and data root
+    readme = page("corpus.md")
     block = readme[readme.index("dagster asset materialize -m datamask_pipeline.definitions \\\n    --select corpus_selection"):]
     config = block[block.index("--config-json '") + len("--config-json '"):]
     config = config[:config.index("'")]
