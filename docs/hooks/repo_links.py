@@ -19,9 +19,9 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 def on_page_markdown(markdown, page, config, files):
-    docs = os.path.realpath(config["docs_dir"])
-    repo = os.path.dirname(os.path.realpath(config["config_file_path"]))
-    here = os.path.dirname(os.path.realpath(page.file.abs_src_path))
+    docs = os.path.abspath(config["docs_dir"])
+    repo = os.path.dirname(os.path.abspath(config["config_file_path"]))
+    here = os.path.dirname(os.path.abspath(page.file.abs_src_path))
     repo_url = (config.get("repo_url") or "").rstrip("/")
     branch = (config.get("extra") or {}).get("repo_branch", "main")
 
@@ -29,7 +29,7 @@ def on_page_markdown(markdown, page, config, files):
         text, target = m.group(1), m.group(2)
         if _SCHEME.match(target) or target.startswith(("#", "/")):
             return m.group(0)
-        path = os.path.realpath(os.path.join(here, target.split("#", 1)[0]))
+        path = os.path.abspath(os.path.join(here, target.split("#", 1)[0]))
         if path == docs or path.startswith(docs + os.sep):
             return m.group(0)  # a page or image of the site: MkDocs validates it
         rel = os.path.relpath(path, repo).replace(os.sep, "/")

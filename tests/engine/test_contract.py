@@ -47,8 +47,9 @@ def test_rule_names_are_the_stable_strings():
 
 
 def test_readme_table_is_rendered_from_the_rules():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### The data contract", 1)[1].split("\n#", 1)[0]
+    from tests.doc_pages import page
+
+    section = page("contract.md").split("# The data contract", 1)[1].split("\n#", 1)[0]
     table = "".join(line + "\n" for line in section.splitlines() if line.startswith("|"))
     assert table == C.contract_table_markdown()
     assert len(table.splitlines()) == 2 + len(C.RULES)

@@ -1,20 +1,24 @@
-"""What the README states about the knobs and the solvers comes from the code and the
-committed bench results, so it cannot drift."""
+"""What the documentation states about the knobs and the solvers comes from the code and the
+committed bench results, so it cannot drift. The text lives on the site's pages (docs/,
+tests/doc_pages.py): the knob table in reference/knobs.md, the measured tables in measured.md,
+dedup.md and quality.md, the orchestration numbers in operate.md."""
 
 import json
 from pathlib import Path
 
 from datamask_pipeline.engine import solver_table
 from datamask_pipeline.engine.config import LearnerConfig, knobs_markdown, profile_defaults
+from tests.doc_pages import flat, page
 
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text()
+KNOBS = page("reference/knobs.md")
+MEASURED = page("measured.md")
 
 
 def test_readme_knob_table_is_rendered_from_the_config_model():
-    assert knobs_markdown() in README
+    assert knobs_markdown() in KNOBS
     for name in LearnerConfig.model_fields:
-        assert f"| `{name}` |" in README
+        assert f"| `{name}` |" in KNOBS
 
 
 def test_profiles_upstream_is_paper_and_pipeline_is_auto():
@@ -27,14 +31,14 @@ def test_readme_solver_table_is_the_committed_bench_result():
 
     source = solver_table.load()["sources"]["cpu"]
     results = json.loads((REPO / source["results"]).read_text())
-    assert readme_table(results["cells"]) in README
+    assert readme_table(results["cells"]) in MEASURED
     for line in source["command"].splitlines():
-        assert line in README  # the command that produced it is shown
+        assert line in MEASURED  # the command that produced it is shown
 
 
 def _readme_row(first_cell: str) -> str:
-    rows = [line for line in README.splitlines() if line.startswith(f"| {first_cell} | `")]
-    assert rows, f"no README row for {first_cell}"
+    rows = [line for line in MEASURED.splitlines() if line.startswith(f"| {first_cell} | `")]
+    assert rows, f"no row for {first_cell} in docs/measured.md"
     return rows[0]
 
 
@@ -44,7 +48,7 @@ def test_readme_large_shard_rows_are_the_committed_runs():
     for name in ("results_large_shard.json", "results_large_shard_facility.json"):
         results = json.loads((REPO / "bench" / "results" / name).read_text())
         assert results["rows"] == 1_000_000 and results["dim"] == 768
-        assert results["command"] in README
+        assert results["command"] in MEASURED
         for term, run in results["terms"].items():
             row = _readme_row(term)
             f = run["scores"]["datamask"]["f"]
@@ -59,21 +63,21 @@ def test_readme_large_shard_rows_are_the_committed_runs():
 
 def test_readme_efficiency_numbers_are_the_committed_run():
     results = json.loads((REPO / "bench" / "results" / "results_efficiency.json").read_text())
-    assert results["command"] in README
+    assert results["command"] in MEASURED
     disf = next(k for k in results["summary"] if k["kernel"].startswith("DiSF objective"))
     assert disf["meets_target"] and disf["median"] >= 0.5
     assert (f"DiSF objective kernel runs at {disf['median']:.0%} of same-process matmul peak "
-            f"({disf['min']:.0%}–{disf['max']:.0%}") in " ".join(README.split())
+            f"({disf['min']:.0%}–{disf['max']:.0%}") in flat("measured.md")
 
 
 def test_readme_corpus_tables_are_the_committed_runs():
-    """The corpus stage's measured tables in the README are rendered from bench/results by the
-    bench's own functions (a re-run that changes a number must update the README)."""
+    """The corpus stage's measured tables (docs/measured.md) are rendered from bench/results by the
+    bench's own functions (a re-run that changes a number must update the page)."""
     import json
 
     from bench.corpus import cuts_markdown, scale_markdown
 
-    readme = (REPO / "README.md").read_text()
+    readme = page("measured.md")
     res = REPO / "bench" / "results"
     cuts = json.loads((res / "results_corpus_cuts.json").read_text())
     assert cuts_markdown(cuts) in readme
@@ -106,7 +110,7 @@ def test_readme_dedup_table_is_the_committed_run():
 
     from bench.dedup import planted_markdown
 
-    readme = (REPO / "README.md").read_text()
+    readme = page("dedup.md")
     r = json.loads((REPO / "bench" / "results" / "results_dedup_planted.json").read_text())
     assert planted_markdown(r) in readme
     d = json.loads((REPO / "bench" / "results" / "results_dedup_planted_distinct.json").read_text())
@@ -122,10 +126,10 @@ def test_readme_dedup_table_is_the_committed_run():
 
 
 def test_readme_quality_numbers_are_the_committed_run():
-    """The default quality scorer's AUCs and throughput in the README are bench.quality's."""
+    """The default quality scorer's AUCs and throughput (docs/quality.md) are bench.quality's."""
     import json
 
-    readme = (REPO / "README.md").read_text()
+    readme = page("quality.md")
     r = json.loads((REPO / "bench" / "results" / "results_quality.json").read_text())
     from datamask_pipeline.engine import quality
 
@@ -141,17 +145,17 @@ def test_readme_quality_numbers_are_the_committed_run():
 
 def test_readme_learner_at_the_papers_settings_is_the_committed_run():
     """Issue 20, item 14: the learner measured at the paper's settings (5,000 steps, partial
-    0.1); the table and every range the README draws from it come from the committed run."""
+    0.1); the table and every range docs/measured.md draws from it come from the committed run."""
     from bench.solvers import learner_table
 
     r = json.loads((REPO / "bench" / "results" / "results_solvers_paper_settings.json").read_text())
     cells = r["cells"]
-    assert learner_table(cells) in README
-    assert r["command"] in README
+    assert learner_table(cells) in MEASURED
+    assert r["command"] in MEASURED
     assert {(c["term"], c["n"]) for c in cells} == {(t, n) for t in ("DiSF", "Pair_simi")
                                                      for n in (20_000, 100_000)}
     assert all(c["steps"] == 5000 and c["partial"] == 0.1 and c["rollouts"] == 128 for c in cells)
-    text = " ".join(README.split())
+    text = flat("measured.md")
     paper = [c["solvers"]["paper"] for c in cells]
     polish = [c["solvers"]["paper+polish"] for c in cells]
     topk = [c["solvers"]["topk+polish"] for c in cells]
@@ -171,12 +175,12 @@ def test_readme_learner_at_the_papers_settings_is_the_committed_run():
 
 
 def test_readme_orchestration_numbers_are_the_committed_run():
-    """Issue 20, item 7: the README's "At 10,000 shards" numbers are rendered from the committed
+    """Issue 20, item 7: the "At 10,000 shards" numbers (docs/operate.md) are rendered from the committed
     bench.orchestration results, and the interval it recommends covers the measured evaluation."""
     from bench import orchestration
 
     res = json.loads((REPO / "bench" / "results" / "results_orchestration.json").read_text())
-    text = " ".join(README.split())
+    text = flat("operate.md")
     assert orchestration.readme_numbers(res) in text
     assert max(res["settings"]["shards"]) == 10_000 and {"sqlite", "postgres"} <= set(
         s for s, c in res["storages"].items() if c.get("rows"))
@@ -186,7 +190,7 @@ def test_readme_orchestration_numbers_are_the_committed_run():
     slowest_per_shard = max(orchestration._median(res, s, n, "automation_first[per_shard]")
                             for s in ("sqlite", "postgres"))
     assert slowest_default < 30  # the default interval (automation_sensor) covers the default
-    # the interval the README recommends under per_shard covers that scope's evaluation
+    # the interval docs/operate.md recommends under per_shard covers that scope's evaluation
     import re
 
     m = re.search(r"under `per_shard` at this size, set `DATAMASK_AUTOMATION_INTERVAL_S=(\d+)`",
@@ -201,7 +205,7 @@ def test_readme_dedup_through_the_main_job_is_the_committed_run():
     from bench.dedup import main_job_markdown
 
     r = json.loads((REPO / "bench" / "results" / "results_dedup_main_job.json").read_text())
-    assert main_job_markdown(r) in README and r["command"] in README
+    assert main_job_markdown(r) in page("dedup.md") and r["command"] in page("dedup.md")
     v = r["variants"]
     default = v["main job (default)"]
     assert default["selected"] == default["distinct"] == r["budget_rows"] == round(0.1 * r["rows"])
@@ -213,12 +217,12 @@ def test_readme_dedup_through_the_main_job_is_the_committed_run():
 
 def test_readme_quality_through_the_main_job_is_the_committed_run():
     """Issue 21: the default scorer through the README's main job on id+text files, half of
-    them damaged, and why its combination is the geometric mean (the README's table)."""
+    them damaged, and why its combination is the geometric mean (docs/quality.md's table)."""
     from bench.quality import main_job_markdown
     from datamask_pipeline.engine import quality
 
     r = json.loads((REPO / "bench" / "results" / "results_quality_main_job.json").read_text())
-    assert main_job_markdown(r) in README and r["command"] in README
+    assert main_job_markdown(r) in page("quality.md") and r["command"] in page("quality.md")
     # the main job closes at least half the gap to the independent measure's top-k, every term
     assert all(v["gap_closed"] >= 0.5 and v["selected"] == r["budget_rows"]
                for v in r["algorithms"].values())

@@ -268,8 +268,9 @@ def test_expected_dim_follows_the_model(tmp_path, model):
 
 
 def test_readme_lists_the_text_rules():
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    assert C.text_contract_table_markdown() in readme
+    from tests.doc_pages import page
+
+    assert C.text_contract_table_markdown() in page("text.md")
 
 
 # ------------------------------------------------------------------ train_mask, subprocess

@@ -56,8 +56,10 @@ def test_an_unmeasured_device_uses_the_cpu_rules_and_says_so():
     assert cuda[0] == cpu[0]
     assert "not measured on cuda" in cuda[1] and "CPU table" in cuda[1]
     assert "not measured on" not in cpu[1]
-    readme = " ".join((REPO / "README.md").read_text().split())
-    assert "`auto` falls back to the CPU table on CUDA until `bench.solvers` is run there" in readme
+    from tests.doc_pages import flat
+
+    assert ("`auto` falls back to the CPU table on CUDA until `bench.solvers` is run there"
+            in flat("measured.md"))
 
 
 def test_a_measured_device_uses_its_own_rules():

@@ -1,10 +1,9 @@
-"""Where bad input stops (issue 20 item 18, README "Where each kind of bad input stops"): a
+"""Where bad input stops (issue 20 item 18, docs/contract.md "Where each kind of bad input stops"): a
 file that cannot be mapped fails the ``features`` step once, as a ``Failure`` with a readable
 description and no chained second trace; value rules are the blocking checks."""
 
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -14,10 +13,11 @@ import pytest
 from assets.partitions import register_shards
 from datamask_pipeline.engine import contract as C
 from datamask_pipeline.engine.sample import make_table
+from tests.doc_pages import page
 
 from .helpers import DIM, ROWS
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+CONTRACT = page("contract.md")
 
 
 def _drop_quality(t):
@@ -79,8 +79,8 @@ def test_unmappable_input_fails_the_features_step_once(defect, instance, data_ro
 
 
 def _stops_paragraph() -> str:
-    start = README.index("**Where each kind of bad input stops.**")
-    return README[start:README.index("\n\n", README.index("- **An impossible", start))]
+    start = CONTRACT.index("**Where each kind of bad input stops.**")
+    return CONTRACT[start:CONTRACT.index("\n\n", CONTRACT.index("- **An impossible", start))]
 
 
 def test_readme_says_where_each_rule_stops():
@@ -92,8 +92,8 @@ def test_readme_says_where_each_rule_stops():
     stop_at_features = {r.name for r in C.RULES if r.scope in ("file", "type")} | {C.ID_INT64.name}
     for rule in stop_at_features:
         assert f"`{rule}`" in " ".join(features.split()), rule
-    # every rule of the contract table is in the README, and the rest are check rules
+    # every rule of the contract table is on the page, and the rest are check rules
     for rule in C.RULES:
-        assert rule.name.split(" [")[0].split(" {")[0] in README
+        assert rule.name.split(" [")[0].split(" {")[0] in CONTRACT
     assert "invalid mask configuration: select_ratio must be in (0, 1), got 1.5" in " ".join(
         config.split())

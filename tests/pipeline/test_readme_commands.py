@@ -1,6 +1,7 @@
-"""Issue 20, items 3, 8 and 19: the README's sensor and backfill commands, run as written
-(from the fenced blocks of README.md) against a temporary DAGSTER_HOME, and the README's
-``dagster``/``dg`` commands from a new shell without DAGSTER_HOME (a warning naming the fix).
+"""Issue 20, items 3, 8 and 19: the documented sensor and backfill commands, run as written
+(from the fenced blocks of README.md and of every page under docs/, where docs/operate.md holds
+them) against a temporary DAGSTER_HOME, and the documented ``dagster``/``dg`` commands from a
+new shell without DAGSTER_HOME (a warning naming the fix).
 
 * item 3: every ``dagster sensor`` command of the README runs, and starts or stops the sensor
   in the code location ``dagster dev -w workspace.yaml`` runs (``datamask``), not in one named
@@ -23,15 +24,17 @@ import pytest
 
 from datamask_pipeline import settings
 from datamask_pipeline.engine.sample import generate_corpus
+from tests.doc_pages import page, site_pages
 
 REPO = settings.repo_root()
 BIN = Path(sys.executable).parent
-README = (REPO / "README.md").read_text()
+# the front page and the site's pages, each page's blocks in order
+README = "\n".join(page(name) for name in ["README.md", *site_pages()])
 _FAST_TMP = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def readme_commands(word: str) -> list:
-    """The command lines of the README's fenced bash blocks that contain ``word``
+    """The command lines of the docs' fenced bash blocks that contain ``word``
     (backslash continuations joined), with ``.venv/bin/`` pointing at this interpreter's."""
     out = []
     for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
