@@ -171,15 +171,19 @@ def _fuzzy_pairs(keys: np.ndarray, rows: np.ndarray, rank: np.ndarray, containme
         o = np.argsort(inv, kind="stable")
         same = inv[o[1:]] == inv[o[:-1]]
         cand.update(zip(have[o[1:][same]].tolist(), have[o[:-1][same]].tolist()))
-    out = []
-    # in (worse, better) order: of two partners at the same containment the first in the
-    # corpus's (shard, row) order is named, whatever the set's order (dedup_ray does the same)
-    for worse, better in sorted(cand):
-        a, b = _shingles(keys[worse]), _shingles(keys[better])
-        c = len(a & b) / min(len(a), len(b))
+    out, held, held_sh = [], -1, None
+    # by better row, so that a row that many rows pair with (the head of large buckets, a long
+    # text) is cut into shingles once; a worse row is in at most 2 x BANDS pairs
+    for better, worse in sorted((b, w) for w, b in cand):
+        if better != held:
+            held, held_sh = better, _shingles(keys[better])
+        a = _shingles(keys[worse])
+        c = len(a & held_sh) / min(len(a), len(held_sh))
         if c >= containment:
             out.append((worse, better, c))
-    return out
+    # in (worse, better) order: of two partners at the same containment the first in the
+    # corpus's (shard, row) order is named, whatever the set's order (dedup_ray does the same)
+    return sorted(out)
 
 
 def _rank(q: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -229,6 +233,23 @@ def _clusters(xn: np.ndarray, n_clusters: int, seed: int, probes: int,
                        n_clusters, seed)
     _, assign = km.index.search(xn, min(probes, n_clusters))
     return assign.astype(np.int64)
+
+
+def _cluster_members(assign: np.ndarray):
+    """Each cluster's members (row positions, ascending), clusters in ascending order, from the
+    (N, probes) nearest-centroid table: one sort of the table (a scan per cluster would cost
+    clusters x N)."""
+    if assign.size == 0:
+        return
+    rows = np.repeat(np.arange(assign.shape[0]), assign.shape[1])
+    flat = assign.ravel()
+    order = np.lexsort((rows, flat))
+    c, r = flat[order], rows[order]
+    new = np.r_[True, (c[1:] != c[:-1]) | (r[1:] != r[:-1])]  # a row twice in one cluster: once
+    c, r = c[new], r[new]
+    cuts = np.flatnonzero(np.r_[True, c[1:] != c[:-1], True])
+    for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist()):
+        yield r[a:b]
 
 
 def _best_above(xm: np.ndarray):
@@ -364,8 +385,7 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
         if k > 1:
             stats["kmeans_sample"] = int(alive.size if sample is None else sample.size)
         sizes = []
-        for c in np.unique(assign):
-            members = np.flatnonzero((assign == c).any(axis=1))
+        for members in _cluster_members(assign):
             sizes.append(members.size)
             if members.size < 2:
                 continue
