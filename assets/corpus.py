@@ -9,7 +9,10 @@ removes the files of shards that left the corpus.
 """
 
 
+import contextlib
+import functools
 import hashlib
+import importlib.util
 import json
 from typing import Optional
 
@@ -31,7 +34,7 @@ from resources.storage import DataRoot
 
 from .ingest import (EMBEDDING, ID, OWNERS, QUALITY, retry_transient_io, features, raw_shard,
                      stage)
-from .learn import MaskConfig, read_features
+from .learn import MaskConfig
 from .partitions import PARTITIONS_NAME
 from .select import raw_schema
 
@@ -65,6 +68,12 @@ CorpusConfig = create_model(
     exchange_candidates=(int, Field(default=4096, description=(
         "exchange: candidates per shard and round (each way)."))),
     exchange_max_rounds=(int, Field(default=50, description="exchange: most rounds.")),
+    engine=(str, Field(default="auto", description=(
+        "Where the per_shard and exchange passes run, one task per shard: auto (Ray tasks when "
+        "the corpus is past gather_max_rows and Ray is installed, else this step's process), "
+        "local (this step's process), ray (Ray tasks on the `ray` resource's cluster: env "
+        "DATAMASK_RAY_ADDRESS; unset: a local Ray with one worker per core). gather and "
+        "random_blocks hold the corpus in this step's process."))),
     warm_start=(bool, Field(default=True, description=(
         "exchange: start from the last selection (same knobs and budget) for the shards whose "
         "features did not change, instead of selecting every shard again; new and rewritten "
@@ -100,6 +109,18 @@ def _tokens(raw_uri: str, config, text_column: str | None) -> np.ndarray:
     return count_tokens(text, config.tokenizer)
 
 
+def features_loader(uri: str, contract: DataContract):
+    """A shard's features reader that pickles (engine functions and plain values only), so
+    a Ray task can read the shard where it runs; re-checked against the contract as
+    ``read_features`` does."""
+    from datamask_pipeline.engine.data import Columns, read_shard
+
+    return functools.partial(read_shard, uri,
+                             columns=Columns(id=ID, quality=(QUALITY,), embedding=EMBEDDING),
+                             expected_dim=contract.expected_dim,
+                             quality_range=contract.quality_range)
+
+
 def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) -> tuple:
     """(CorpusShard list, excluded {key: why}): every registered shard whose features exist
     and whose latest blocking checks all passed."""
@@ -132,7 +153,7 @@ def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) 
         info = fs.get_file_info(path)
         out.append(CorpusShard(key=key, n=int(n), tokens=tokens,
                                version=f"{info.size}:{info.mtime_ns}",
-                               load=lambda uri=uri: read_features(uri, contract)))
+                               load=features_loader(uri, contract)))
     return out, excluded
 
 
@@ -413,16 +434,26 @@ def dedup_keep(data_root: DataRoot, shards_: list) -> tuple:
         if stale:
             raise ConfigError(f"corpus_dedup ran before shard(s) {stale[:5]} were (re)ingested: "
                               "materialize corpus_dedup again (corpus_job runs both)")
-    dup = storage.read_table(out, ["partition_key", "row"])
-    keys = dup.column("partition_key").to_numpy(zero_copy_only=False)
-    rows = dup.column("row").to_numpy()
+    counts = pc.value_counts(storage.read_table(out, ["partition_key"]).column("partition_key"))
+    dropped = {c["values"]: int(c["counts"]) for c in counts.to_pylist()}
     for s in shards_:
-        drop = rows[keys == s.key]
-        if drop.size:
-            keep = np.ones(s.n, dtype=bool)
-            keep[drop] = False
-            s.keep = keep
+        if dropped.get(s.key):
+            # the mask is read by the shard's own task, not held here for every shard
+            s.keep = functools.partial(keep_mask, out, s.key, s.n)
+            s.n_kept = s.n - dropped[s.key]
     return shards_, facts
+
+
+def keep_mask(duplicates_uri: str, key: str, n: int) -> np.ndarray:
+    """Shard ``key``'s keep mask: its rows not named in ``duplicates.parquet``."""
+    import pyarrow.dataset as ds
+
+    fs, path = storage.resolve(duplicates_uri)
+    t = ds.dataset(path, filesystem=fs, format="parquet").to_table(
+        columns=["row"], filter=ds.field("partition_key") == key)
+    keep = np.ones(n, dtype=bool)
+    keep[t.column("row").to_numpy()] = False
+    return keep
 
 
 @dg.asset(
@@ -437,7 +468,7 @@ def dedup_keep(data_root: DataRoot, shards_: list) -> tuple:
 @retry_transient_io
 def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
                      data_root: DataRoot, contract: DataContract,
-                     learner: MaskLearner) -> dg.MaterializeResult:
+                     learner: MaskLearner, ray: RayCluster) -> dg.MaterializeResult:
     """The corpus's selection: the budget over every shard that passed its checks, one
     objective on the whole corpus (``corpus/selection.parquet``: shard, raw file, row, id)."""
     from datamask_pipeline.engine.corpus import select_corpus
@@ -453,16 +484,15 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
             context.log.warning(f"corpus: shard {key} left out: {why}; the budget is taken "
                                 "from the other shards")
         shards_, dedup = dedup_keep(data_root, shards_)
-        # a killed or retried run resumes from the per-shard and per-round checkpoints
+        # a killed or retried run resumes from the state it keeps on the data root
         ckpt = storage.join(data_root.root, "checkpoints", "corpus")
-        ckpt = storage.resolve(ckpt)[1] if storage.is_local(ckpt) else None
         warm = last_selection(data_root, shards_, cfg, budget) if config.warm_start else None
-        with learner.session() as device:
+        with learner.session() as device, _executor(context, config, ray, shards_) as ex:
             result = select_corpus(
                 shards_, cfg, budget, mode=config.mode, device=device,
                 gather_max_rows=config.gather_max_rows, blocks=config.blocks,
                 candidates=config.exchange_candidates, max_rounds=config.exchange_max_rounds,
-                checkpoint_dir=ckpt, warm_start=warm, log=context.log.info)
+                checkpoint_dir=ckpt, warm_start=warm, executor=ex, log=context.log.info)
     except (ConfigError, DataContractError, ValueError) as exc:
         raise dg.Failure(description=f"corpus_selection: {exc}", allow_retries=False) from exc
 
@@ -483,6 +513,7 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
     sizes = {s.key: s.n for s in shards_}
     md = {
         "mode": result.mode, "route": result.route, "budget": budget.label,
+        "engine": result.engine,
         "rows_corpus": result.n_input, "rows_after_dedup": result.n,
         "dedup_dropped": result.n_input - result.n,
         "dedup_threshold": dedup.get("threshold") if dedup.get("enabled", True) else "off",
@@ -506,6 +537,30 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
     if result.tokens:
         md["tokens"] = dg.MetadataValue.json(result.tokens)
     return dg.MaterializeResult(metadata=md, data_version=dg.DataVersion(storage.sha256(out)[:16]))
+
+
+@contextlib.contextmanager
+def _executor(context, config, ray: RayCluster, shards_: list):
+    """The executor of the per-shard passes: Ray tasks on the ``ray`` resource's cluster
+    (connected for the block) where config ``engine`` asks for it, or (``auto``) where the
+    corpus is past ``gather_max_rows`` and Ray is installed; else this process."""
+    from datamask_pipeline.engine.corpus.executor import ENGINES, InProcess, RayTasks
+
+    engine = config.engine.strip().lower()
+    if engine not in ENGINES:
+        raise ConfigError(f"corpus_selection: engine must be one of {list(ENGINES)} "
+                          f"(config key corpus_selection.config.engine), got {config.engine!r}")
+    rows = sum(s.n_kept if s.n_kept is not None else s.n for s in shards_)
+    if engine == "auto":
+        big = rows > config.gather_max_rows and config.mode not in ("gather", "random_blocks")
+        engine = "ray" if big and importlib.util.find_spec("ray") is not None else "local"
+    if engine == "local":
+        yield InProcess()
+        return
+    with ray.session(context):
+        ex = RayTasks()
+        context.log.info(f"corpus_selection: per-shard passes on {ex.name}")
+        yield ex
 
 
 def _shard_digest(rows: np.ndarray, raw_sig: str) -> str:

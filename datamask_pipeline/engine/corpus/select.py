@@ -70,6 +70,8 @@ class CorpusShard:
             if self.n_kept is None:
                 raise ConfigError(f"shard {self.key}: a keep function needs n_kept")
             n, tokens = int(self.n_kept), None
+            if self.tokens is not None:  # token budgets hold every row's count here anyway
+                tokens = np.asarray(self.tokens)[np.asarray(self.keep(), dtype=bool)]
         else:
             keep = np.asarray(self.keep, dtype=bool)
             if keep.size != self.n:
@@ -137,6 +139,7 @@ class CorpusSelection:
     notes: list = field(default_factory=list)
     shard_routes: dict = field(default_factory=dict)
     n_input: int | None = None  # rows before deduplication (n: the rows that may be selected)
+    engine: str = "in-process"  # where the per-shard passes ran (the executor's name)
 
     @property
     def counts(self) -> dict:
@@ -150,7 +153,7 @@ class CorpusSelection:
                 "scores": self.scores, "scored_by": self.scored_by, "rounds": self.rounds,
                 "converged": self.converged, "timings": self.timings, "tokens": self.tokens,
                 "notes": self.notes, "counts": self.counts, "shard_routes": self.shard_routes,
-                "n_input": self.n_input}
+                "n_input": self.n_input, "engine": self.engine}
 
 
 # ------------------------------------------------------------------ helpers
@@ -386,7 +389,8 @@ def select_corpus(
         mode=chosen, requested_mode=mode, budget=budget, term=term_name, lamb=cfg.lamb, n=n,
         k=k_out, selected=selected, route=route, scores=scores, scored_by=scored_by,
         rounds=rounds, converged=converged, timings=timings, tokens=tokens_info, notes=notes,
-        shard_routes=shard_routes, n_input=n_input)
+        shard_routes=shard_routes, n_input=n_input,
+        engine="in-process" if chosen in ("gather", "random_blocks") else ex.name)
 
 
 def _tokens_info(target, selected_tokens, tokens_total, largest):
