@@ -20,14 +20,26 @@ cosine >= 0.95::
 ``scale``: time and peak memory of each kind at N rows of the generated sample::
 
     python -m bench.dedup scale --rows 1000000 --dim 256 --tag dedup_scale
+
+``long_document``: one ~3 MB document among N real ones (man pages' text, cut into documents
+of ~0.6-3 kB; the long one made of other man pages) as files of only id and text, through the
+README's main job (``python -m datamask_pipeline.demo --data-root D``) under
+``/usr/bin/time -v``: the job's peak resident memory and wall time, what the dedup and the
+selection did with the long document::
+
+    python -m bench.dedup long_document --rows 20000 --long-mb 3 --tag long_document
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import os
+import re
 import resource
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -226,6 +238,131 @@ def run_scale(rows: int, dim: int, seed: int) -> dict:
     return out
 
 
+_ROFF_TEXT = {"SH", "SS", "B", "I", "BI", "BR", "IR", "RB", "RI", "IB", "SM", "TP", "IP"}
+_ROFF_BREAK = {"SH", "SS", "PP", "LP", "P", "TP", "IP", "sp", "HP"}
+
+
+def _roff_paragraphs(src: str) -> list:
+    """The paragraphs of one man page's roff source as plain text: requests dropped (the text
+    arguments of font and heading macros kept), escapes removed, paragraph macros as breaks."""
+    paras, cur = [], []
+    for line in src.splitlines():
+        if line.startswith((".", "'")):
+            name, _, rest = line[1:].strip().partition(" ")
+            if name in _ROFF_BREAK and cur:
+                paras.append(" ".join(cur))
+                cur = []
+            if name not in _ROFF_TEXT or not rest.strip():
+                continue
+            line = rest.replace('"', "")
+        line = re.sub(r"\\f(\[[^\]]*\]|\(..|.)|\\s[-+]?\d+|\\[&c%]", "", line)
+        line = re.sub(r"\\\(..|\\\*\(..|\\\*.", " ", line).replace("\\-", "-")
+        line = re.sub(r"\\.", "", line).strip()
+        if line:
+            cur.append(line)
+    if cur:
+        paras.append(" ".join(cur))
+    return [p for p in paras if len(p) >= 40]
+
+
+def man_documents(n: int, long_bytes: int, seed: int = 0, min_chars: int = 600,
+                  max_chars: int = 3000):
+    """(``n`` documents, one of ~``long_bytes``): the English man pages under /usr/share/man in
+    a seeded random order, each page's paragraphs grouped into documents of ``min_chars`` to
+    ``max_chars``; the long document joins the pages after those (its text is in no other
+    document). Raises when the machine has too few man pages."""
+    files = sorted(p for p in Path("/usr/share/man").glob("man[1-8]/*.gz") if p.is_file())
+    files = [files[i] for i in np.random.default_rng(seed).permutation(len(files))]
+    docs, long_parts, size = [], [], 0
+    for f in files:
+        try:
+            paras = _roff_paragraphs(gzip.open(f, "rt", errors="replace").read())
+        except (OSError, EOFError):
+            continue
+        if len(docs) < n:
+            cur = []
+            for p in paras:
+                cur.append(p)
+                if sum(map(len, cur)) >= min_chars:
+                    docs.append("\n".join(cur)[:max_chars])
+                    cur = []
+            docs = docs[:n]
+        elif size < long_bytes:
+            long_parts += paras
+            size += sum(len(p) + 1 for p in paras)
+        else:
+            break
+    if len(docs) < n or size < long_bytes:
+        raise RuntimeError(f"{len(files)} man pages give {len(docs)} documents of {n} and "
+                           f"{size:,} bytes of the long one's {long_bytes:,}")
+    return docs, "\n".join(long_parts)[:long_bytes]
+
+
+def run_long_document(rows: int, long_mb: float, files: int, seed: int, workdir: str) -> dict:
+    """The main job on ``rows`` man-page documents and one of ``long_mb`` MB (8 id+text files)
+    under ``/usr/bin/time -v``: its peak RSS, wall time, rows selected, the long document's
+    fate (dropped by the dedup? selected?)."""
+    import json
+    import shutil
+    import subprocess
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    docs, long_doc = man_documents(rows, int(long_mb * 1e6), seed)
+    texts = docs + [long_doc]
+    ids = np.array([f"doc{i:06d}" for i in range(len(texts))])
+    file_of = np.random.default_rng(seed).integers(0, files, len(texts))
+    raw = os.path.join(workdir, "raw")
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(raw)
+    for f in range(files):
+        m = np.flatnonzero(file_of == f)
+        pq.write_table(pa.table({"id": ids[m], "text": [texts[i] for i in m]}),
+                       os.path.join(raw, f"part_{f}.parquet"))
+    cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "datamask_pipeline.demo",
+           "--data-root", workdir]
+    env = {**os.environ, "DAGSTER_HOME": os.path.join(workdir, ".dagster_home")}
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    secs = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
+    sel = set()
+    for fn in sorted(os.listdir(os.path.join(workdir, "selected"))):
+        sel.update(pq.read_table(os.path.join(workdir, "selected", fn), columns=["id"])
+                   .column("id").to_pylist())
+    dup = pq.read_table(os.path.join(workdir, "corpus", "duplicates.parquet")).to_pylist()
+    dedup = json.load(open(os.path.join(workdir, "corpus", "dedup.json")))
+    long_id = str(ids[-1])
+    return {"rows": len(texts), "files": files, "long_bytes": len(long_doc.encode()),
+            "text_bytes": int(sum(len(t.encode()) for t in texts)),
+            "max_rss_bytes": rss * 1024, "wall_s": secs, "selected": len(sel),
+            "long_selected": long_id in sel,
+            "long_dropped": [d for d in dup if d.get("id") == long_id],
+            "dropped": len(dup), "dedup_stats": {k: v for k, v in dedup.items()
+                                                 if isinstance(v, (int, float, str))},
+            "cpu": cpu_model(), "job_command": " ".join(cmd[2:4] + cmd[4:]).replace(
+                sys.executable, "python")}
+
+
+def long_document_markdown(r: dict) -> str:
+    st = r["dedup_stats"]
+    return "\n".join([
+        f"{r['rows'] - 1:,} documents of man-page text (~0.6-3 kB each) and one of "
+        f"{r['long_bytes'] / 1e6:.1f} MB (other man pages), {r['text_bytes'] / 1e6:.0f} MB of "
+        f"text in {r['files']} files of only `id` and `text`, through the README's main job "
+        f"(`{r['job_command']}`, defaults: quality from the text, embeddings computed, "
+        f"deduplicated, budget 10 %) on {r['cpu']}.", "",
+        "| peak RSS (`/usr/bin/time -v`) | wall | selected | long document | dropped by dedup "
+        "(exact / fuzzy / near) | largest cluster |", "|---:|---:|---:|---|---:|---:|",
+        f"| {r['max_rss_bytes'] / 2**30:.2f} GiB | {r['wall_s']:.0f} s | {r['selected']:,} | "
+        f"{'selected' if r['long_selected'] else 'dropped (duplicate)' if r['long_dropped'] else 'not selected'} | "
+        f"{r['dropped']:,} ({st.get('exact_dropped', 0):,} / {st.get('fuzzy_dropped', 0):,} / "
+        f"{st.get('near_dropped', 0):,}) | {st.get('largest_cluster', 'n/a')} |"])
+
+
 def planted_markdown(r: dict) -> str:
     pc = r["planted_cosine"]
     foot = ("the same footer line" if r.get("footers", "same") == "same"
@@ -272,7 +409,12 @@ def main(argv=None) -> int:
     b = sub.add_parser("scale")
     b.add_argument("--rows", type=int, default=1_000_000)
     b.add_argument("--dim", type=int, default=256)
-    for s in (a, b, c):
+    d = sub.add_parser("long_document")
+    d.add_argument("--rows", type=int, default=20_000)
+    d.add_argument("--long-mb", type=float, default=3.0)
+    d.add_argument("--files", type=int, default=8)
+    d.add_argument("--workdir", default="/tmp/dedup_long_document")
+    for s in (a, b, c, d):
         s.add_argument("--seed", type=int, default=0)
         s.add_argument("--tag", default=None)
         s.add_argument("--out", default="bench/results")
@@ -287,6 +429,9 @@ def main(argv=None) -> int:
     elif args.what == "main_job":
         r = run_main_job(args.pairs, args.files, args.seed, args.workdir, args.algorithm)
         md = main_job_markdown(r)
+    elif args.what == "long_document":
+        r = run_long_document(args.rows, args.long_mb, args.files, args.seed, args.workdir)
+        md = long_document_markdown(r)
     else:
         r = run_scale(args.rows, args.dim, args.seed)
         md = scale_markdown(r)
