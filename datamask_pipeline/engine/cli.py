@@ -179,9 +179,9 @@ def quality_weights(args) -> tuple | None:
 def check_args(args) -> LearnerConfig:
     """Every flag value checked before any work (reading, embedding, learning): the method
     knobs, the quality weights and range, and the id column of the input (detected as the
-    demo detects it, ``engine.id_column``). Raises ConfigError naming the flag; returns the
-    knobs."""
-    from .id_column import IdColumnError, detect_id_column, file_columns
+    demo detects it, ``engine.id_column``). Raises ConfigError naming the flag, or the data
+    contract's error when the input has no id column; returns the knobs."""
+    from .id_column import detect_id_column, file_columns
     from .storage import StorageError
 
     cfg = config_from_args(args)
@@ -196,12 +196,8 @@ def check_args(args) -> LearnerConfig:
         names = None  # an unreadable input: read_shard says why, in its own words
     if names is None:
         args.id_column = args.id_column or "chunk_id"
-    else:
-        try:
-            args.id_column, note = detect_id_column(names, args.id_column,
-                                                    where=f"--input {args.input}")
-        except IdColumnError as exc:
-            raise ConfigError(str(exc)) from None
+    else:  # IdColumnError: a DataContractError, reported like read_shard's
+        args.id_column, note = detect_id_column(names, args.id_column, where=args.input)
         if note:
             print(f"train_mask: {note}", file=sys.stderr)
     return cfg
@@ -473,14 +469,15 @@ def run(args, cfg: LearnerConfig | None = None) -> dict:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from .errors import DataContractError
+
     try:
         cfg = check_args(args)  # before torch and the data are loaded
-    except ConfigError as exc:
+    except (ConfigError, DataContractError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     import pickle
 
-    from .data import DataContractError
     from .device import DeviceError
     from .storage import StorageError
 

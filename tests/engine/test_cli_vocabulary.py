@@ -99,10 +99,14 @@ def test_id_column_rule():
     col, note = detect_id_column(["id", "text"])
     assert col == "id" and "'id'" in note and "--id-column" in note
     assert detect_id_column(["doc", "text"], "doc") == ("doc", None)
-    with pytest.raises(IdColumnError, match=r"no id column: expected 'chunk_id' or 'id' "
-                                            r"\(its columns: doc, text\); --id-column NAME"):
-        detect_id_column(["doc", "text"])
-    with pytest.raises(IdColumnError, match="--id-column uid: the file has no column 'uid'"):
+    # the data contract's error, worded as read_shard and the pipeline's ingestion word it
+    with pytest.raises(IdColumnError, match=r"^f.parquet: column 'chunk_id': rule 'column "
+                                            r"present' broken; no id column: expected 'chunk_id' "
+                                            r"or 'id' \(its columns: doc, text\); --id-column "
+                                            r"NAME names it$"):
+        detect_id_column(["doc", "text"], where="f.parquet")
+    with pytest.raises(IdColumnError, match="column 'uid': rule 'column present' broken; "
+                                            "--id-column uid names no column of it"):
         detect_id_column(["id", "text"], "uid")
 
 
@@ -135,8 +139,9 @@ def test_train_mask_without_an_id_column_is_one_line(tmp_path):
               "--output", str(tmp_path / "o.parquet")])
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
-        f"python -m datamask_pipeline.engine.cli: error: --input {src} has no id column: "
-        "expected 'chunk_id' or 'id' (its columns: doc, text); --id-column NAME names it"]
+        f"python -m datamask_pipeline.engine.cli: error: {src}: column 'chunk_id': rule 'column "
+        "present' broken; no id column: expected 'chunk_id' or 'id' (its columns: doc, text); "
+        "--id-column NAME names it"]
 
 
 # ------------------------------------------------------------------ values before any work

@@ -109,8 +109,9 @@ def test_files_without_an_id_column_are_refused_before_any_run(tmp_path):
     root.mkdir()
     pq.write_table(pa.table({"doc": [1, 2], "text": ["a b", "c d"]}), root / "part_0.parquet")
     r = _demo(["--data-root", str(root)], _env(tmp_path))
-    _refused(r, tmp_path, "part_0.parquet has no id column: expected 'chunk_id' or 'id' (its "
-             "columns: doc, text); --id-column NAME names it")
+    _refused(r, tmp_path, "part_0.parquet: column 'chunk_id': rule 'column present' broken; "
+             "no id column: expected 'chunk_id' or 'id' (its columns: doc, text); --id-column "
+             "NAME names it")
     assert _tree(root) == ["part_0.parquet"]
 
 

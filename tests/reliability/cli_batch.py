@@ -1,4 +1,5 @@
-"""Run many ``train_mask`` command lines in one process (imports paid once).
+"""Run many ``train_mask`` command lines in one process (imports paid once), named
+``train_mask`` as the installed script is (the command line names itself as invoked).
 
     python -m tests.reliability.cli_batch SPEC.json RESULTS.json
 
@@ -22,6 +23,8 @@ def main(argv=None) -> int:
         spec = json.load(fh)
     from datamask_pipeline.engine import cli
 
+    # the cases run as the installed ``train_mask`` script would: its messages name it
+    sys.argv = ["train_mask", *sys.argv[1:]]
     results = {}
     for name, case_argv in spec.items():
         out, err = io.StringIO(), io.StringIO()

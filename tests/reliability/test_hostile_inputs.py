@@ -3,7 +3,7 @@
 Every case of :mod:`tests.reliability.hostile` goes through
 
 * the engine's command line ``train_mask`` (all cases in one helper process calling
-  ``cli.main``, a subset also as real ``python -m datamask_pipeline.engine.cli`` processes):
+  ``cli.main``, a subset also as real ``train_mask`` processes):
   a bad shard exits with code 2 and a one-line reason naming the defect, and writes nothing;
 * the Dagster chain (features + blocking checks + mask + selected subset of that partition)
   in a data root that already holds a materialized good partition: a bad shard fails naming
@@ -49,7 +49,7 @@ from .helpers import (
 from .hostile import BY_NAME, CASES
 
 GOOD_KEY = "good"
-# cases that also run as real, separate `python -m datamask_pipeline.engine.cli` processes
+# cases that also run as real, separate `train_mask` processes
 SUBPROCESS_CASES = ["truncated_parquet", "duplicate_ids", "one_row", "extra_columns"]
 
 # name, extra CLI args, MaskConfig overrides (None: CLI only; the learner's batch rules apply to
@@ -177,8 +177,8 @@ def cli_results(world):
         d = out_base / f"subprocess_{name}"
         d.mkdir()
         argv[3], argv[5] = str(d / "out.parquet"), str(d / "ck.pt")
-        procs[name] = (d, argv, subprocess.Popen(
-            [sys.executable, "-m", "datamask_pipeline.engine.cli", *argv], cwd=str(REPO),
+        procs[name] = (d, argv, subprocess.Popen(  # the installed script: errors say train_mask
+            [os.path.join(os.path.dirname(sys.executable), "train_mask"), *argv], cwd=str(REPO),
             env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = run_cli_batch(spec, str(world.base))
     sub = {}
