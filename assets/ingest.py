@@ -24,11 +24,15 @@ from datamask_pipeline.engine import contract as C
 from datamask_pipeline.engine import storage
 from datamask_pipeline.engine.config import ConfigError
 from datamask_pipeline.engine.data import (
+    META_QUARANTINED,
+    META_RAW_ROWS,
+    RAW_ROW,
     RULE_ID_INT64,
     RULE_READABLE,
     Columns,
     DataContractError,
     check_schema,
+    text_rejects,
 )
 from resources.contract import DataContract
 from resources.storage import DataRoot
@@ -164,8 +168,11 @@ def raw_shard(context, data_root: DataRoot) -> dg.DataVersionsByPartition:
         {key: scan.signature(key) for key in scan.files if key in registered})
 
 
-def features_schema(id_type: pa.DataType) -> pa.Schema:
-    return pa.schema([(ID, id_type), (QUALITY, pa.float64()), (EMBEDDING, EMBEDDING_TYPE)])
+def features_schema(id_type: pa.DataType, raw_row: bool = False) -> pa.Schema:
+    """The canonical features schema; ``raw_row``: with the raw row number of each row (only
+    when rows were quarantined, so that the features are not the raw file row for row)."""
+    fields = [(ID, id_type), (QUALITY, pa.float64()), (EMBEDDING, EMBEDDING_TYPE)]
+    return pa.schema(fields + ([(RAW_ROW, pa.int64())] if raw_row else []))
 
 
 def _canonical_id_type(t: pa.DataType) -> pa.DataType:
@@ -202,7 +209,8 @@ def canonical_batch(batch: pa.RecordBatch, columns: Columns, path: str, id_type,
 
 def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=None,
                    checkpoint_dir=None, expected_dim=None, progress=None, scorer=None,
-                   quality_checkpoint_dir=None, quality_progress=None) -> dict:
+                   quality_checkpoint_dir=None, quality_progress=None,
+                   quarantine_share=None) -> dict:
     """Stream ``raw_uri``'s id/quality/embedding columns into the canonical ``out_uri``
     (published atomically). Returns rows, bytes, sha256, embedding dimension counts and
     ``embedding`` (the ``engine.embed.EmbedResult`` of a text-only shard, else None).
@@ -213,7 +221,14 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
     quality column(s) but with the text column (``Columns.quality_source``) is scored first by
     ``scorer`` (an ``engine.quality.Scorer`` or a function returning one), in chunks under
     ``quality_checkpoint_dir`` (resumable); ``quality`` in the result is its
-    ``engine.quality.QualityResult``, else None."""
+    ``engine.quality.QualityResult``, else None.
+
+    ``quarantine_share`` (a share of the rows, or None): when the text is read (embedded or
+    scored), the rows that break a row rule of the text (``contract.QUARANTINE_RULES``: null,
+    not UTF-8, blank) are quarantined up to that share of the shard: left out of the features,
+    which then carry each row's raw row number (``raw_row``) and the counts in their footer;
+    ``rejects`` in the result is the ``engine.data.TextRejects`` (None when the text is not
+    read). Past the share, or with None, such a row rejects the shard (DataContractError)."""
     fs, path = storage.resolve(raw_uri)
     try:
         src = fs.open_input_file(path)
@@ -224,6 +239,11 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
         raise DataContractError(raw_uri, RULE_READABLE, detail=str(exc)) from exc
     try:
         source = check_schema(pf.schema_arrow, str(raw_uri), columns)
+        reads_text = C.TEXT in (source, columns.quality_source(pf.schema_arrow.names))
+        rejects = None
+        if reads_text and quarantine_share is not None:
+            rejects = text_rejects(raw_uri, columns, quarantine_share)
+        skip = rejects if rejects is not None and rejects.count else None
         scored = None
         if columns.quality_source(pf.schema_arrow.names) == C.TEXT:
             if quality_checkpoint_dir is None:
@@ -231,14 +251,18 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
             from datamask_pipeline.engine.data import score_text
 
             scored = score_text(raw_uri, columns, scorer, quality_checkpoint_dir,
-                                quality_progress)
+                                quality_progress, skip=skip)
         embedded = None
         if source == C.TEXT:
-            embedded = _embed(raw_uri, columns, embedder, checkpoint_dir, expected_dim, progress)
+            embedded = _embed(raw_uri, columns, embedder, checkpoint_dir, expected_dim, progress,
+                              skip)
             reader = embedded.reader()
         id_type = _canonical_id_type(pf.schema_arrow.field(columns.id).type)
-        schema = features_schema(id_type)
-        rows = 0
+        schema = features_schema(id_type, raw_row=skip is not None)
+        if skip is not None:
+            schema = schema.with_metadata({META_QUARANTINED: str(skip.count).encode(),
+                                           META_RAW_ROWS: str(skip.n).encode()})
+        rows = raw = 0
         dims: dict = {}
         with storage.atomic_output(out_uri) as fh:
             writer = pq.ParquetWriter(fh, schema, compression="zstd")
@@ -254,10 +278,18 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
                         break
                     except (OSError, pa.ArrowException) as exc:
                         raise DataContractError(raw_uri, RULE_READABLE, detail=str(exc)) from exc
+                    keep = None if skip is None else skip.kept(raw, batch.num_rows)
+                    at = np.arange(raw, raw + batch.num_rows, dtype=np.int64)
+                    raw += batch.num_rows
+                    if keep is not None:  # quarantined rows leave the features
+                        batch, at = batch.filter(pa.array(keep)), at[keep]
                     out = canonical_batch(
                         batch, columns, str(raw_uri), id_type,
                         None if embedded is None else reader.take(batch.num_rows),
                         None if scored is None else scored.scores[rows:rows + batch.num_rows])
+                    if skip is not None:
+                        out = pa.RecordBatch.from_arrays(
+                            [*out.columns, pa.array(at, pa.int64())], schema=schema)
                     writer.write_batch(out, row_group_size=ROW_GROUP_ROWS)
                     rows += out.num_rows
                     vc = pc.value_counts(pc.list_value_length(out.column(EMBEDDING)))
@@ -268,7 +300,8 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
     finally:
         src.close()
     return {"rows": rows, "bytes": storage.size(out_uri), "sha256": storage.sha256(out_uri),
-            "dims": dims, "id_type": str(id_type), "embedding": embedded, "quality": scored}
+            "dims": dims, "id_type": str(id_type), "embedding": embedded, "quality": scored,
+            "rejects": rejects}
 
 
 def ingestion_failure(key: str, raw_uri: str, exc: Exception) -> dg.Failure:
@@ -295,7 +328,8 @@ def raw_rows(raw_uri: str) -> int | None:
         return None
 
 
-def _embed(raw_uri, columns: Columns, embedder, checkpoint_dir, expected_dim, progress):
+def _embed(raw_uri, columns: Columns, embedder, checkpoint_dir, expected_dim, progress,
+           skip=None):
     """The text-only shard's embeddings (``engine.embed.embed_shard``)."""
     from datamask_pipeline.engine import embed
 
@@ -308,7 +342,26 @@ def _embed(raw_uri, columns: Columns, embedder, checkpoint_dir, expected_dim, pr
     if checkpoint_dir is None:
         raise ValueError("a text-only shard needs a checkpoint_dir for its embedding chunks")
     return embed.embed_shard(raw_uri, checkpoint_dir, columns.text, embedder,
-                             id_column=columns.id, progress=progress)
+                             id_column=columns.id, progress=progress, skip=skip)
+
+
+def _publish_rejects(context, key: str, uri: str, rejects) -> dict:
+    """Write the quarantined rows to ``uri`` (atomically), or remove a previous run's file
+    when none was quarantined; returns the asset's quarantine metadata."""
+    if rejects is None or not rejects.count:
+        storage.remove(uri)
+        return {} if rejects is None else {"rows_quarantined": 0}
+    with storage.atomic_output(uri) as fh:
+        pq.write_table(rejects.table(), fh, compression="zstd")
+    per_rule = rejects.by_rule()
+    context.log.warning(
+        f"partition {key}: {rejects.count} of {rejects.n} rows quarantined (row rules of the "
+        f"text column {rejects.column!r}: {per_rule}; at most {rejects.share:.2%} of the shard) "
+        f"-> {uri}; the other rows proceed")
+    return {"rows_quarantined": rejects.count,
+            "rows_quarantined_by_rule": dg.MetadataValue.json(per_rule),
+            "quarantine_share": rejects.share,
+            "rejects_uri": dg.MetadataValue.path(str(uri))}
 
 
 def _embed_log(context, key: str, every_s: float = 10.0):
@@ -367,13 +420,15 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
         info = write_features(raw_uri, out_uri, columns, embedder=contract.embedder,
                               checkpoint_dir=embed_dir, expected_dim=contract.expected_dim,
                               progress=_embed_log(context, key), scorer=contract.scorer,
-                              quality_checkpoint_dir=quality_dir)
+                              quality_checkpoint_dir=quality_dir,
+                              quarantine_share=contract.quarantine_share)
     except (DataContractError, storage.StorageError, ConfigError) as exc:
         # One readable failure: the description is the whole reason (file, column, rule), so
         # the engine's exception is not chained (it would print the same line and a second
         # stack trace); the rule and column are metadata too.
         raise ingestion_failure(key, raw_uri, exc) from None
     context.log.info(f"partition {key}: {info['rows']} rows, {info['bytes']} bytes -> {out_uri}")
+    quarantine = _publish_rejects(context, key, data_root.rejects(key), info["rejects"])
     embedded = info["embedding"]
     if embedded is not None:
         from datamask_pipeline.engine.embed import remove_checkpoint
@@ -410,6 +465,7 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
             "embedding_dims": dg.MetadataValue.json(dims),
             "raw_uri": dg.MetadataValue.path(str(raw_uri)),
             "features_uri": dg.MetadataValue.path(str(out_uri)),
+            **quarantine,
         },
         data_version=dg.DataVersion(version),
     )

@@ -12,9 +12,11 @@ import contextlib
 
 import dagster as dg
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from datamask_pipeline.engine import storage
+from datamask_pipeline.engine.data import raw_row_numbers
 from datamask_pipeline.engine.storage import mask_file
 from datamask_pipeline.reporting.numerics import ROW_FIELDS, finite_or_none
 from resources.contract import DataContract
@@ -31,8 +33,10 @@ KEY_METRICS = ("gain_f_over_topk", "gain_f_over_random", "overlap_with_topk",
                "quality_mean_selected", "spectrum_flatness_selected", "spectrum_flatness_topk")
 
 
-def read_sources(raw_uri: str, column, n: int):
-    """The raw source/domain column (for the report), or None when absent."""
+def read_sources(raw_uri: str, column, n: int, rows=None):
+    """The raw source/domain column (for the report), or None when absent. ``rows``: the raw
+    row numbers of the features' rows when ingestion quarantined some (``engine.data.
+    raw_row_numbers``), else None (the features are the raw file row for row)."""
     if not column:
         return None
     fs, path = storage.resolve(raw_uri)
@@ -41,6 +45,8 @@ def read_sources(raw_uri: str, column, n: int):
         if column not in pf.schema_arrow.names:
             return None
         col = pf.read(columns=[column]).column(0)
+    if rows is not None:
+        col = col.take(pa.array(rows))
     if len(col) != n:
         return None
     return np.asarray(col.to_pylist(), dtype=object)
@@ -137,7 +143,8 @@ def shard_report(context: dg.AssetExecutionContext, data_root: DataRoot,
     if record.single_term is None:
         return not_built(data_root, key, f"the objective {record.term} has several diversity "
                                          "terms; the report draws one")
-    sources = read_sources(data_root.raw_shard(key), contract.source_column, shard.n)
+    sources = read_sources(data_root.raw_shard(key), contract.source_column, shard.n,
+                           raw_row_numbers(data_root.features(key)))
     with cpu_threads(learner.cpu_threads):
         report = build_report(shard, selected, record, sources, key)
     from datamask_pipeline.reporting.shard_report import write_shard_report

@@ -26,13 +26,14 @@ import os
 import warnings
 
 import dagster as dg
+import pyarrow as pa
 from dagster_duckdb import DuckDBResource
 
 from datamask_pipeline.automation import CHECK_CONDITION
 from datamask_pipeline.engine import contract as C
 from datamask_pipeline.engine import storage
 from datamask_pipeline.engine.contract import rule_expected_dim, rule_quality_range
-from datamask_pipeline.engine.data import MAX_IDS, DataContractError
+from datamask_pipeline.engine.data import RAW_ROW, MAX_IDS, DataContractError, quarantined_rows
 from resources.contract import DataContract
 from resources.storage import DataRoot
 
@@ -46,6 +47,9 @@ TABLE = "features"
 VALIDATION_MEMORY_LIMIT = "1GB"
 RULE_SCHEMA = "canonical features schema"
 EXPECTED_TYPES = {ID: ("BIGINT", "VARCHAR"), QUALITY: ("DOUBLE",), EMBEDDING: ("FLOAT[]",)}
+# The column a features file has only when ingestion quarantined rows (``engine.data.RAW_ROW``):
+# each row's row number in the raw file.
+OPTIONAL_TYPES = {RAW_ROW: ("BIGINT",)}
 
 # The contract's rules each value check evaluates, in the engine's order: every rule with a SQL
 # form, each in one check (the others are enforced while ingesting the raw file).
@@ -65,7 +69,8 @@ def _describe(rules) -> str:
 
 CHECKS = {
     "schema": "The features parquet has exactly the canonical columns: id (BIGINT or VARCHAR), "
-              "quality (DOUBLE), embedding (FLOAT[]).",
+              "quality (DOUBLE), embedding (FLOAT[]), and raw_row (BIGINT) when ingestion "
+              "quarantined rows.",
     **{name: _describe(rules) for name, rules in CHECK_RULES.items()},
 }
 
@@ -163,7 +168,10 @@ def check_schema(con, ctx: _Context) -> list:
             problems.append(f"column {name!r} missing")
         elif found[name] not in types:
             problems.append(f"column {name!r} is {found[name]}, expected {' or '.join(types)}")
-    extra = sorted(set(found) - set(EXPECTED_TYPES))
+    for name, types in OPTIONAL_TYPES.items():
+        if name in found and found[name] not in types:
+            problems.append(f"column {name!r} is {found[name]}, expected {' or '.join(types)}")
+    extra = sorted(set(found) - set(EXPECTED_TYPES) - set(OPTIONAL_TYPES))
     if extra:
         problems.append(f"unexpected columns {extra}")
     if problems:
@@ -306,10 +314,19 @@ def run_checks(con, ctx: _Context, prefetch: bool = True) -> dict:
     return results
 
 
-def _result(name: str, failures, ctx: _Context, n_rows) -> dg.AssetCheckResult:
+def _result(name: str, failures, ctx: _Context, n_rows, quarantined=None) -> dg.AssetCheckResult:
+    """``quarantined``: (rows quarantined at ingestion, rejects file), shown in every check."""
     meta = {"partition": ctx.key, "features_uri": dg.MetadataValue.path(ctx.features_uri)}
     if n_rows is not None:
         meta["rows_checked"] = int(n_rows)
+    note = None
+    if quarantined is not None:
+        meta["rows_quarantined"] = int(quarantined[0])
+        if quarantined[0]:
+            meta["rejects_uri"] = dg.MetadataValue.path(quarantined[1])
+            note = (f"partition {ctx.key!r}: {quarantined[0]} rows quarantined at ingestion "
+                    f"(row rules of the text, listed in {quarantined[1]}) are not in the "
+                    f"features checked")
     if failures is None:
         return dg.AssetCheckResult(
             check_name=name, asset_key=features.key, passed=False,
@@ -317,13 +334,14 @@ def _result(name: str, failures, ctx: _Context, n_rows) -> dg.AssetCheckResult:
             metadata=meta,
         )
     if not failures:
-        return dg.AssetCheckResult(check_name=name, asset_key=features.key, passed=True, metadata=meta)
+        return dg.AssetCheckResult(check_name=name, asset_key=features.key, passed=True,
+                                   metadata=meta, description=note)
     meta["rules_broken"] = dg.MetadataValue.json([f[0] for f in failures])
     meta["offending_rows"] = sum(int(f[2]) for f in failures)
     meta["offending_ids"] = dg.MetadataValue.json([i for f in failures for i in f[3]][:MAX_IDS])
     return dg.AssetCheckResult(
         check_name=name, asset_key=features.key, passed=False,
-        description="\n".join(f[1] for f in failures), metadata=meta,
+        description="\n".join([f[1] for f in failures] + ([note] if note else [])), metadata=meta,
     )
 
 
@@ -385,9 +403,13 @@ def validate_features(context: dg.AssetCheckExecutionContext, data_root: DataRoo
             con.register(TABLE, dataset)
         results = run_checks(con, ctx)
         n_rows = con.execute(f"SELECT count(*) FROM {T}").fetchall()[0][0]
+    try:  # the footer's count, written with the features (never a stale rejects file's)
+        quarantined = (quarantined_rows(uri)[0], data_root.rejects(key))
+    except (OSError, ValueError, pa.ArrowException):
+        quarantined = None
     failed = []
     for name in CHECKS:
-        res = _result(name, results[name], ctx, n_rows)
+        res = _result(name, results[name], ctx, n_rows, quarantined)
         if not res.passed:
             failed.append(name)
             context.log.error(f"check {name} failed: {res.description}")

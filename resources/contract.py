@@ -13,6 +13,7 @@ import dagster as dg
 from pydantic import Field, model_validator
 
 from datamask_pipeline import settings
+from datamask_pipeline.engine import contract as C
 from datamask_pipeline.engine.data import Columns
 
 # The contract's settings that dg.EnvVar cannot fill (a list, a float): their variables, given
@@ -106,6 +107,16 @@ class DataContract(dg.ConfigurableResource):
         "dir[#label], or several comma-separated with =weight, summed. Models are local paths, "
         "never downloaded. '' : the quality column is required. Changing it changes the "
         "features' data version.",
+    )
+    quarantine_share: float = Field(
+        default=C.DEFAULT_QUARANTINE_SHARE, ge=0.0, le=1.0,
+        description="Share of a shard's rows that may break a row rule of the text (null, not "
+        "UTF-8, blank: read only when the shard is embedded or scored from its text) and be "
+        "quarantined: written to rejects/<shard>.parquet (id, rule, raw row number) and left "
+        "out of the features, while the other rows proceed. More than this share (count > "
+        "share x rows) rejects the shard, naming the rule, the count and the first ids. 0: any "
+        "such row rejects the shard. The structural rules (ids, types, embedding dimensions) "
+        "always reject it.",
     )
     string_settings: dict[str, str] = Field(
         default={},

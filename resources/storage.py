@@ -70,6 +70,11 @@ class DataRoot(dg.ConfigurableResource):
     def features(self, key: str) -> str:
         return self._child("features", f"{self._key(key)}.parquet")
 
+    def rejects(self, key: str) -> str:
+        """The rows of a shard quarantined at ingestion (``rejects/<key>.parquet``: id, rule,
+        raw row number, column); absent when none was."""
+        return self._child("rejects", f"{self._key(key)}.parquet")
+
     def mask(self, key: str) -> str:
         return self._child("masks", f"{self._key(key)}.parquet")
 

@@ -14,7 +14,8 @@ import pyarrow.compute as pc
 
 __all__ = ["Rule", "RULES", "BY_NAME", "ID", "QUALITY", "EMBEDDING", "DEFAULT_NAMES",
            "rule_quality_range", "rule_expected_dim", "contract_table_markdown",
-           "TEXT", "TEXT_RULES", "text_contract_table_markdown"]
+           "TEXT", "TEXT_RULES", "text_contract_table_markdown", "QUARANTINE_RULES",
+           "DEFAULT_QUARANTINE_SHARE"]
 
 # Column roles. The raw shard's names come from ``data.Columns`` (defaults below); the pipeline's
 # canonical features file uses the role names themselves.
@@ -212,13 +213,17 @@ def contract_table_markdown() -> str:
 # A shard without its embedding column but with a text column is embedded from the text
 # (``engine.embed``); one without its quality column(s) is scored from the text
 # (``engine.quality``). These rules apply to that text, while it is embedded or scored, and only
-# then (a shard that carries embeddings and quality never has its text read). Their policy:
-# the shard is rejected, naming the rows; a bad text is never scored 0, embedded or dropped,
-# because every row of a shard must stay selectable. Empty and whitespace-only text are one
-# rule, ``non-blank text``; binary text is decoded as UTF-8 under ``text is valid UTF-8``. None has SQL: the canonical features
-# file holds no text. A very long document is no violation: it is truncated at the embedding
-# model's token limit (``max_tokens``), or embedded window by window and averaged when the
-# pooling is ``chunks``; the number of truncated rows is reported.
+# then (a shard that carries embeddings and quality never has its text read). A bad text is
+# never scored 0, embedded or silently dropped. Empty and whitespace-only text are one rule,
+# ``non-blank text``; binary text is decoded as UTF-8 under ``text is valid UTF-8`` (a string
+# column can break it too: parquet writers do not all validate UTF-8). None has SQL: the
+# canonical features file holds no text. The policy: the engine's reader (``read_shard``, the
+# ``train_mask`` CLI) rejects the shard, naming the rows; the pipeline's ingestion quarantines
+# the rows that break a row rule (``QUARANTINE_RULES``) to a rejects file, up to a share of the
+# shard (``DEFAULT_QUARANTINE_SHARE``, the contract's ``quarantine_share``), and rejects the shard
+# past it. A very long document is no violation: it is truncated at the embedding model's token
+# limit (``max_tokens``), or embedded window by window and averaged when the pooling is
+# ``chunks``; the number of truncated rows is reported.
 def _is_binary(t) -> bool:
     return pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t)
 
@@ -266,6 +271,12 @@ del R
 # In the order ``engine.embed`` checks them (after the id and quality columns' own rules).
 TEXT_RULES = (TEXT_TYPE, TEXT_NULL, TEXT_UTF8, TEXT_BLANK)
 assert not set(r.name for r in TEXT_RULES) & set(BY_NAME)
+# The row rules of the text whose rows the pipeline's ingestion quarantines (``engine.data.
+# text_rejects``), in this order (a row is recorded under the first rule it breaks), up to
+# this share of the shard's rows. Every other rule, and these past the share, rejects the shard:
+# ids (null, duplicate), types and embedding dimensions are the shard's structure, not a row's.
+QUARANTINE_RULES = (TEXT_NULL, TEXT_UTF8, TEXT_BLANK)
+DEFAULT_QUARANTINE_SHARE = 0.01
 
 # When a shard has neither its embedding column nor a text column: the ``column present``
 # rule's message names both.

@@ -32,7 +32,8 @@ from .contract import rule_expected_dim, rule_quality_range
 from .errors import MAX_IDS, DataContractError
 
 __all__ = ["DataContractError", "Columns", "Shard", "read_shard", "table_to_shard", "check_schema",
-           "MAX_IDS", "rule_quality_range", "rule_expected_dim"]
+           "MAX_IDS", "rule_quality_range", "rule_expected_dim", "TextRejects", "text_rejects",
+           "raw_row_numbers", "quarantined_rows", "RAW_ROW"]
 
 _BLOCK_ROWS = 65536
 
@@ -348,9 +349,10 @@ def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_ran
     return shard
 
 
-def score_text(uri, columns: Columns, scorer=None, checkpoint=None, progress=None):
+def score_text(uri, columns: Columns, scorer=None, checkpoint=None, progress=None, skip=None):
     """The quality scores of a shard's text column (``engine.quality.score_shard``), with the
-    chunks under ``checkpoint`` (default: a temporary directory, removed afterwards)."""
+    chunks under ``checkpoint`` (default: a temporary directory, removed afterwards); ``skip``
+    (:class:`TextRejects`): rows left out."""
     import tempfile
 
     from . import quality
@@ -361,7 +363,7 @@ def score_text(uri, columns: Columns, scorer=None, checkpoint=None, progress=Non
         scorer = scorer()  # a factory: the scorer loads only for a shard without quality
     with tempfile.TemporaryDirectory(prefix="datamask-quality-") as tmp:
         return quality.score_shard(uri, checkpoint or tmp, columns.text, scorer,
-                                   id_column=columns.id, progress=progress)
+                                   id_column=columns.id, progress=progress, skip=skip)
 
 
 def scored_columns(columns: Columns) -> Columns:
@@ -453,3 +455,178 @@ def _read_text_shard(pf, path, columns: Columns, expected_dim, quality_range, em
                            quality_range=quality_range)
     shard.embedded = result
     return shard
+
+
+# ------------------------------------------------------------------ row-level quarantine
+# The rejects file's columns: the raw id (as text: shards differ in id type; null when the id
+# is null), the rule broken, the row number in the raw file and the text column.
+REJECTS_SCHEMA = pa.schema([("id", pa.string()), ("rule", pa.string()), ("row", pa.int64()),
+                            ("column", pa.string())])
+# The features file's extra column when rows were quarantined: each row's row number in the
+# raw file (absent when the features are the raw file row for row), and the footer keys that
+# say how many rows were quarantined out of how many.
+RAW_ROW = "raw_row"
+META_QUARANTINED, META_RAW_ROWS = b"datamask.rows_quarantined", b"datamask.rows_raw"
+
+
+@dataclass(frozen=True)
+class TextRejects:
+    """The rows of a shard quarantined by :func:`text_rejects`: their raw row numbers (sorted),
+    the rule each breaks first, their raw ids (None for a null id), out of ``n`` rows."""
+
+    path: str
+    column: str
+    n: int
+    rows: np.ndarray
+    rules: tuple
+    ids: tuple
+    share: float
+
+    @property
+    def count(self) -> int:
+        return int(self.rows.size)
+
+    def by_rule(self) -> dict:
+        """{rule name: rows}, in the order of ``contract.QUARANTINE_RULES``."""
+        out = {}
+        for r in C.QUARANTINE_RULES:
+            c = sum(1 for x in self.rules if x == r.name)
+            if c:
+                out[r.name] = c
+        return out
+
+    def table(self) -> pa.Table:
+        ids = [None if i is None else str(i) for i in self.ids]
+        return pa.table({"id": pa.array(ids, pa.string()),
+                         "rule": pa.array(self.rules, pa.string()),
+                         "row": pa.array(self.rows, pa.int64()),
+                         "column": pa.array([self.column] * self.count, pa.string())},
+                        schema=REJECTS_SCHEMA)
+
+    def kept(self, start: int, n: int) -> np.ndarray | None:
+        """Bool mask of the raw rows [start, start + n) that are not quarantined (None: all)."""
+        lo, hi = np.searchsorted(self.rows, [start, start + n])
+        if lo == hi:
+            return None
+        keep = np.ones(n, dtype=bool)
+        keep[self.rows[lo:hi] - start] = False
+        return keep
+
+
+def text_rejects(uri, columns: Columns, share: float = C.DEFAULT_QUARANTINE_SHARE) -> TextRejects:
+    """One streaming pass over the text column of ``uri``: the rows that break a row rule of
+    the text (``contract.QUARANTINE_RULES``: null, not UTF-8, blank), each under the first rule
+    it breaks. Up to ``share`` of the shard's rows (``count <= share * rows``) they are
+    returned, to be quarantined; past it :class:`DataContractError` rejects the shard, naming
+    the file, the column, the rule with the most rows, their count and first ids, and the
+    count per rule."""
+    if not 0.0 <= float(share) <= 1.0:
+        raise ValueError(f"quarantine share must be in [0, 1], got {share!r}")
+    path, column = str(uri), columns.text
+    try:
+        fs, p = storage.resolve(uri)
+        src = fs.open_input_file(p)
+    except FileNotFoundError as exc:
+        raise storage.StorageError(f"{uri}: raw shard does not exist") from exc
+    except (OSError, pa.ArrowException, ValueError) as exc:
+        raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
+    rows, rules, ids = [], [], []
+    try:
+        try:
+            pf = pq.ParquetFile(src, buffer_size=1 << 20, pre_buffer=False)
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
+        names = pf.schema_arrow.names
+        if column is None or column not in names:
+            raise DataContractError(path, RULE_PRESENT, column=column,
+                                    detail=C.PRESENT.detail.format(names=names))
+        t = pf.schema_arrow.field(column).type
+        if C.TEXT_TYPE.arrow(t):
+            raise DataContractError(path, C.TEXT_TYPE.name, column=column,
+                                    detail=C.TEXT_TYPE.detail.format(type=t))
+        n = pf.metadata.num_rows
+        cols = [column] + ([columns.id] if columns.id in names and columns.id != column else [])
+        start = 0
+        batches = pf.iter_batches(batch_size=_BLOCK_ROWS, columns=cols, use_threads=False)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                break
+            except (OSError, pa.ArrowException) as exc:
+                raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
+            col = batch.column(column)
+            broken = np.zeros(batch.num_rows, dtype=bool)
+            for rule in C.QUARANTINE_RULES:
+                if rule is C.TEXT_BLANK:  # on valid text only: decode what the others passed
+                    ok = ~broken
+                    if not ok.any():
+                        break
+                    text = col.filter(pa.array(ok))
+                    if not pa.types.is_large_string(text.type):
+                        text = text.cast(pa.large_binary()).cast(pa.large_string())
+                    bad = np.zeros(batch.num_rows, dtype=bool)
+                    bad[np.flatnonzero(ok)] = rule.mask(text)
+                else:
+                    bad = rule.mask(col) & ~broken
+                where = np.flatnonzero(bad)
+                if where.size:
+                    broken |= bad
+                    rows.append(where + start)
+                    rules.append(np.full(where.size, rule.name, dtype=object))
+                    if columns.id in batch.schema.names:
+                        got = batch.column(columns.id).take(pa.array(where)).to_pylist()
+                        ids.append(np.asarray(got + [None], dtype=object)[:-1])
+                    else:
+                        ids.append(np.full(where.size, None, dtype=object))
+            start += batch.num_rows
+    finally:
+        src.close()
+    if rows:
+        order = np.argsort(np.concatenate(rows), kind="stable")
+        rows_ = np.concatenate(rows)[order].astype(np.int64)
+        rules_ = tuple(np.concatenate(rules)[order].tolist())
+        ids_ = tuple(np.concatenate(ids)[order].tolist())
+    else:
+        rows_, rules_, ids_ = np.zeros(0, dtype=np.int64), (), ()
+    out = TextRejects(path, column, int(n), rows_, rules_, ids_, float(share))
+    if out.count > share * n:
+        counts = out.by_rule()
+        worst = max(counts, key=counts.get)
+        sel = [i for i, r in enumerate(out.rules) if r == worst][:MAX_IDS]
+        named = [out.ids[i] for i in sel]
+        per_rule = ", ".join(f"{r!r}: {c}" for r, c in counts.items())
+        detail = (f"{out.count} of {n} rows ({out.count / max(1, n):.2%}) break the row rules of "
+                  f"the text ({per_rule}), more than the quarantine share {share:.2%} "
+                  f"({int(share * n)} rows): the shard is rejected; fix the rows, or raise the "
+                  f"contract's quarantine_share to quarantine them")
+        if all(i is not None for i in named):
+            raise DataContractError(path, worst, column=column, ids=named, count=counts[worst],
+                                    detail=detail)
+        raise DataContractError(path, worst, column=column, count=counts[worst],
+                                rows=out.rows[sel].tolist(), detail=detail)
+    return out
+
+
+def raw_row_numbers(features_uri, rows=None) -> np.ndarray | None:
+    """The raw file's row numbers of the features file's rows ``rows`` (all when None): the
+    features' ``raw_row`` column where rows were quarantined at ingestion, else the rows
+    themselves (None when ``rows`` is None: the features are the raw file row for row)."""
+    fs, p = storage.resolve(features_uri)
+    with fs.open_input_file(p) as fh:
+        pf = pq.ParquetFile(fh)
+        if RAW_ROW not in pf.schema_arrow.names:
+            return None if rows is None else np.asarray(rows, dtype=np.int64)
+        col = pf.read(columns=[RAW_ROW]).column(RAW_ROW).to_numpy().astype(np.int64)
+    return col if rows is None else col[np.asarray(rows, dtype=np.int64)]
+
+
+def quarantined_rows(features_uri) -> tuple[int, int | None]:
+    """(rows quarantined, raw rows) as the features file's footer records them ((0, None) for
+    a file written without quarantine)."""
+    fs, p = storage.resolve(features_uri)
+    with fs.open_input_file(p) as fh:
+        meta = pq.ParquetFile(fh).schema_arrow.metadata or {}
+    q = int(meta.get(META_QUARANTINED, b"0"))
+    raw = meta.get(META_RAW_ROWS)
+    return q, None if raw is None else int(raw)

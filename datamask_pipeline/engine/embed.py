@@ -406,7 +406,11 @@ class TextChunks:
     Use as a context manager (the file is closed on exit)."""
 
     def __init__(self, raw_uri, text_column: str, chunk_rows: int, chunk_dir,
-                 id_column: str | None = None):
+                 id_column: str | None = None, skip=None):
+        # skip: an ``engine.data.TextRejects`` whose rows are left out (quarantined): chunks
+        # keep their raw row ranges, hold only the other rows, and ``start`` / ``total``
+        # count those rows only (the row numbers of the vectors and scores produced)
+        self.skip = skip if skip is not None and skip.count else None
         if chunk_rows < 1:
             raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
         self.path, self.column, self.id_column = str(raw_uri), text_column, id_column
@@ -431,8 +435,8 @@ class TextChunks:
         except BaseException:
             self._src.close()
             raise
-        self.total = self._pf.metadata.num_rows
-        self.n_chunks = math.ceil(self.total / chunk_rows)
+        self.total = self._pf.metadata.num_rows - (self.skip.count if self.skip else 0)
+        self.n_chunks = math.ceil(self._pf.metadata.num_rows / chunk_rows)
         self._h_len, self._h_text = hashlib.sha256(), hashlib.sha256()
 
     def __enter__(self) -> "TextChunks":
@@ -448,8 +452,14 @@ class TextChunks:
         cols = [self.column] + ([idc] if idc and idc != self.column else [])
         batches = self._pf.iter_batches(batch_size=min(self.chunk_rows, 65536), columns=cols,
                                         use_threads=False)
-        done = 0
+        done = raw = 0
         for i, batch in enumerate(_rechunk(_readable(batches, self.path), self.chunk_rows)):
+            keep = self.skip.kept(raw, batch.num_rows) if self.skip else None
+            raw += batch.num_rows
+            if keep is not None:
+                batch = batch.filter(pa.array(keep))
+                if not batch.num_rows:
+                    continue
             ids = batch.column(idc) if idc else None
             texts = _checked_text(batch.column(self.column), self.path, self.column, ids, done)
             lengths, body = _text_digest(texts)
@@ -469,18 +479,20 @@ class TextChunks:
 def embed_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TEXT],
                 embedder: Embedder | None = None, *, id_column: str | None = None,
                 chunk_rows: int = DEFAULT_CHUNK_ROWS,
-                progress: Optional[Callable[[EmbedProgress], None]] = None) -> EmbedResult:
+                progress: Optional[Callable[[EmbedProgress], None]] = None,
+                skip=None) -> EmbedResult:
     """Embed ``raw_uri``'s ``text_column`` in chunks of ``chunk_rows`` rows, each written to
     ``<checkpoint_dir>/<model key>/chunk-<index>-<text hash>.npz``; a chunk whose file exists
     (same model, settings and text) is reused, not recomputed. Breaking a text rule raises
     :class:`DataContractError` naming the rows by ``id_column`` (else by row number); a
-    computed vector that is zero or not finite does too."""
+    computed vector that is zero or not finite does too. ``skip`` (``engine.data.TextRejects``):
+    rows left out (quarantined); the vectors are those of the other rows, in raw order."""
     embedder = embedder or load_embedder()
     path = str(raw_uri)
     t0 = time.perf_counter()
     chunks, computed, reused, tokens, truncated, done = [], 0, 0, 0, 0, 0
     with TextChunks(raw_uri, text_column, chunk_rows, storage.join(checkpoint_dir, embedder.key),
-                    id_column) as reader:
+                    id_column, skip) as reader:
         for c in reader:
             if c.cached:
                 enc = _read_chunk(c.uri)

@@ -625,12 +625,15 @@ def _read_scores(uri) -> np.ndarray:
 def score_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TEXT],
                 scorer: Scorer | None = None, *, id_column: str | None = None,
                 chunk_rows: int = DEFAULT_CHUNK_ROWS,
-                progress: Optional[Callable[[QualityProgress], None]] = None) -> QualityResult:
+                progress: Optional[Callable[[QualityProgress], None]] = None,
+                skip=None) -> QualityResult:
     """Score ``raw_uri``'s ``text_column`` in chunks of ``chunk_rows`` rows, each written to
     ``<checkpoint_dir>/<scorer key>/chunk-<index>-<text hash>.npz``; a chunk whose file exists
     (same scorer and text) is reused. The contract's text rules apply first (``contract.
     TEXT_RULES``: null, non-UTF-8 and blank texts are refused, naming the rows by
-    ``id_column``), as for the embeddings; a score that is not finite is refused too."""
+    ``id_column``), as for the embeddings; a score that is not finite is refused too.
+    ``skip`` (``engine.data.TextRejects``): rows left out (quarantined); the scores are those
+    of the other rows, in raw order."""
     from .embed import TextChunks, _fail
 
     scorer = scorer or load_scorer()
@@ -638,7 +641,7 @@ def score_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TE
     t0 = time.perf_counter()
     parts, chunks, computed, reused = [], [], 0, 0
     with TextChunks(raw_uri, text_column, chunk_rows, storage.join(checkpoint_dir, scorer.key),
-                    id_column) as reader:
+                    id_column, skip) as reader:
         for c in reader:
             if c.cached:
                 scores = _read_scores(c.uri)
