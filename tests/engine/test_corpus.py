@@ -276,7 +276,18 @@ def test_a_killed_exchange_resumes_from_its_checkpoints(tmp_path):
     files = make_cuts(q, source, 4)["sorted_by_quality"]
     cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi", lamb=0.7)
     budget = CorpusBudget.of(select_rows=200)
-    clean = select_corpus(_shards(x, q, ids, files), cfg, budget, mode="exchange")
+    reads = {"clean": [], "resumed": []}
+
+    def counted(run, key, r):
+        reads[run].append(key)
+        return Part(x[r], q[r], ids[r])
+
+    def counted_shards(run):
+        return [CorpusShard(key=f"f{i:02d}", n=len(r),
+                            load=lambda i=i, r=r: counted(run, f"f{i:02d}", r))
+                for i, r in enumerate(files)]
+
+    clean = select_corpus(counted_shards("clean"), cfg, budget, mode="exchange")
     assert len(clean.rounds) >= 3
 
     class Killed(Exception):
@@ -289,22 +300,21 @@ def test_a_killed_exchange_resumes_from_its_checkpoints(tmp_path):
     with pytest.raises(Killed):
         select_corpus(_shards(x, q, ids, files), cfg, budget, mode="exchange",
                       checkpoint_dir=str(tmp_path), on_round=kill)
-    reads = []
-
-    def counted(r):
-        reads.append(1)
-        return Part(x[r], q[r], ids[r])
-
-    shards = [CorpusShard(key=f"f{i:02d}", n=len(r), load=lambda r=r: counted(r))
-              for i, r in enumerate(files)]
     log = []
-    resumed = select_corpus(shards, cfg, budget, mode="exchange", checkpoint_dir=str(tmp_path),
-                            log=log.append)
+    resumed = select_corpus(counted_shards("resumed"), cfg, budget, mode="exchange",
+                            checkpoint_dir=str(tmp_path), log=log.append)
     assert any("from the checkpoint of an earlier attempt" in m for m in log)
     assert any("resuming the exchange after round 2" in m for m in log)
     # the same selection as a run that was never killed: nothing lost, nothing twice
     assert all(np.array_equal(resumed.selected[k], clean.selected[k]) for k in clean.selected)
     assert [r["round"] for r in resumed.rounds] == [r["round"] for r in clean.rounds]
+    # nothing twice, in reads: an exchange round is one pass over every shard, and the resumed
+    # run reads each shard exactly once less per round the killed attempt finished (2) than
+    # a run never killed, and otherwise as often (the per-shard start comes from its
+    # checkpoint, no shard is read for its own selection)
+    keys = [f"f{i:02d}" for i in range(len(files))]
+    assert sorted(set(reads["resumed"])) == keys
+    assert {k: reads["clean"].count(k) - reads["resumed"].count(k) for k in keys} == dict.fromkeys(keys, 2)
     assert list(tmp_path.iterdir()) == []  # checkpoints removed once finished
 
 
@@ -420,11 +430,11 @@ def test_warm_start_takes_a_new_shard_without_selecting_the_others_again():
                         mode="exchange")
     reads = []
 
-    def counted(r):
-        reads.append(len(r))
+    def counted(key, r):
+        reads.append((key, len(r)))
         return Part(x[r], q[r], ids[r])
 
-    shards = [CorpusShard(key=f"f{i:02d}", n=len(r), load=lambda r=r: counted(r))
+    shards = [CorpusShard(key=f"f{i:02d}", n=len(r), load=lambda i=i, r=r: counted(f"f{i:02d}", r))
               for i, r in enumerate(files)]
     log = []
     new = select_corpus(shards, cfg, CorpusBudget("fraction", 0.1), mode="exchange",
@@ -438,3 +448,11 @@ def test_warm_start_takes_a_new_shard_without_selecting_the_others_again():
     assert new.scores["selection"]["f"] >= cold.scores["selection"]["f"] - 1e-4
     kept = sum(np.intersect1d(old.selected[k], new.selected[k]).size for k in old.selected)
     assert kept >= 0.7 * 225  # most of the last selection stays
+    # the reads: whole shards only, in passes over the corpus (the start's gains, the rounds,
+    # the scoring), each reading every shard once; the new shard is read as often as the old
+    # ones and no shard more (none is read on its own to be selected again); the first shard
+    # once more at most, where the dimension is read
+    assert {n for _, n in reads} == {750}
+    count = {k: sum(1 for key, _ in reads if key == k) for k in ("f00", "f01", "f02", "f03")}
+    assert count["f01"] == count["f02"] == count["f03"] >= len(new.rounds) + 1
+    assert count["f00"] - count["f01"] in (0, 1)

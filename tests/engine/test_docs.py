@@ -70,21 +70,62 @@ def test_readme_efficiency_numbers_are_the_committed_run():
             f"({disf['min']:.0%}–{disf['max']:.0%}") in flat("measured.md")
 
 
+def corpus_scale_claims(text: str, scale: dict, srt: dict) -> None:
+    """The prose around the corpus-scale tables (docs/measured.md, whitespace flattened) says
+    what the two committed runs measured: every number in it re-derived from the results, and
+    each run's own records consistent (its round log is the rounds the table counts, the swaps
+    and bytes it sums, each round starting at the f the previous one ended at)."""
+    g = 2 ** 30
+    for r in (scale, srt):
+        log = r["round_log"]
+        assert r["rounds"] == len(log) and [x["round"] for x in log] == list(range(1, len(log) + 1))
+        assert r["swaps"] == sum(x["swaps"] for x in log)
+        assert r["bytes_exchanged"] == sum(x["bytes_exchanged"] for x in log)
+        assert log[0]["f_before"] == r["f_per_shard_start"]
+        assert all(b["f_before"] == a["f"] for a, b in zip(log, log[1:]))
+        assert all(x["f"] >= x["f_before"] - 1e-12 for x in log)  # a swap never lowers f
+    f = scale["scores"]["selection"]["f"]
+    # "The exchange ends at the same whole-corpus f from both cuts (0.395124)"
+    assert round(srt["scores"]["selection"]["f"], 6) == round(f, 6)
+    assert f"from both cuts ({f:.6f})" in text
+    # "... where file-by-file selection of the sorted files ends below quality top-k"
+    assert srt["f_per_shard_start"] < srt["scores"]["quality_topk"]["f"] < srt["scores"]["selection"]["f"]
+    # "From i.i.d. shards 2 rounds suffice (the per-shard start is within 3·10⁻⁶ of the result,
+    # at the per-shard phase's peak memory)"
+    assert f"From i.i.d. shards {scale['rounds']} rounds suffice" in text
+    assert 0 <= f - scale["f_per_shard_start"] < 3e-6 * f and "within 3·10⁻⁶ of the result" in text
+    assert scale["peak_rss_bytes"] <= 1.1 * scale["peak_rss_per_shard_phase_bytes"]
+    # "From files sorted by quality ...: 29 rounds and 2·10⁶ swaps, 5× the per-shard phase's
+    # time, ... (peak RSS 6.6 GiB against 2.6 GiB for the per-shard phase)"
+    swaps = srt["swaps"]
+    e = len(str(round(swaps))) - 1
+    assert (f"{srt['rounds']} rounds and {round(swaps / 10 ** e)}·10{str(e).translate(SUP)} swaps"
+            in text), "rounds / swaps of the sorted cut"
+    assert srt["converged"] and "converged" in text
+    times = srt["rounds_phase_s"] / srt["per_shard_phase_s"]
+    assert f"{times:.0f}× the per-shard phase's time" in text
+    assert (f"peak RSS {srt['peak_rss_bytes'] / g:.1f} GiB against "
+            f"{srt['peak_rss_per_shard_phase_bytes'] / g:.1f} GiB for the per-shard phase") in text
+
+
+SUP = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
 def test_readme_corpus_tables_are_the_committed_runs():
     """The corpus stage's measured tables (docs/measured.md) are rendered from bench/results by the
-    bench's own functions (a re-run that changes a number must update the page)."""
-    import json
-
+    bench's own functions (a re-run that changes a number must update the page), and the prose
+    around them states what those runs measured (``corpus_scale_claims``)."""
     from bench.corpus import cuts_markdown, scale_markdown
 
     readme = page("measured.md")
     res = REPO / "bench" / "results"
     cuts = json.loads((res / "results_corpus_cuts.json").read_text())
     assert cuts_markdown(cuts) in readme
-    for tag in ("corpus_scale", "corpus_scale_sorted"):
-        path = res / f"results_{tag}.json"
-        if tag == "corpus_scale" or path.exists():
-            assert scale_markdown(json.loads(path.read_text())) in readme, tag
+    runs = {tag: json.loads((res / f"results_{tag}.json").read_text())
+            for tag in ("corpus_scale", "corpus_scale_sorted")}
+    for tag, r in runs.items():
+        assert scale_markdown(r) in readme, tag
+        assert r["command"].replace(" --workdir /tmp/corpus_scale", "") in flat("measured.md"), tag
     # the claims around them
     for term, r in cuts["terms"].items():
         for cut, c in r["cuts"].items():
@@ -92,17 +133,40 @@ def test_readme_corpus_tables_are_the_committed_runs():
             if "skipped" not in c["exchange"]:
                 assert c["exchange"]["gap_closed"] >= 0.98
         assert r["cuts"]["sorted_by_quality"]["per_shard"]["gap_closed"] < 0.5
-    scale = json.loads((res / "results_corpus_scale.json").read_text())
+    scale = runs["corpus_scale"]
     assert scale["rows"] >= 10**7 and scale["shards"] >= 10 and scale["dim"] >= 256
-    assert scale["peak_rss_bytes"] <= 1.1 * scale["peak_rss_per_shard_phase_bytes"]
-    assert scale["scores"]["selection"]["f"] >= scale["f_per_shard_start"]
-    assert (scale["scores"]["selection"]["f"] - scale["f_per_shard_start"]) < 3e-6 * scale["scores"]["selection"]["f"]
-    srt = json.loads((res / "results_corpus_scale_sorted.json").read_text())
-    # the two cuts of the same rows end at the same whole-corpus f (printed to 6 digits)
-    assert round(srt["scores"]["selection"]["f"], 6) == round(scale["scores"]["selection"]["f"], 6)
-    assert srt["f_per_shard_start"] < srt["scores"]["quality_topk"]["f"] < srt["scores"]["selection"]["f"]
-    assert len(srt["round_log"]) == 29 and srt["converged"]
-    assert round(srt["peak_rss_bytes"] / 2**30, 1) == 6.6 and round(srt["peak_rss_per_shard_phase_bytes"] / 2**30, 1) == 2.6
+    corpus_scale_claims(flat("measured.md"), scale, runs["corpus_scale_sorted"])
+
+
+def test_the_corpus_claims_check_fails_on_a_page_or_a_run_that_disagrees():
+    """The check above can fail: a page that keeps its old numbers after a re-run, or a run
+    whose records disagree with each other, is refused."""
+    import copy
+
+    import pytest
+
+    res = REPO / "bench" / "results"
+    scale, srt = (json.loads((res / f"results_{t}.json").read_text())
+                  for t in ("corpus_scale", "corpus_scale_sorted"))
+    text = flat("measured.md")
+    corpus_scale_claims(text, scale, srt)
+    rerun = copy.deepcopy(srt)  # a re-run that needed one round more
+    rerun["round_log"].append({**rerun["round_log"][-1], "round": len(rerun["round_log"]) + 1,
+                               "f_before": rerun["round_log"][-1]["f"], "swaps": 0,
+                               "bytes_exchanged": 0})
+    rerun["rounds"] += 1
+    with pytest.raises(AssertionError, match="rounds / swaps"):
+        corpus_scale_claims(text, scale, rerun)
+    heavier = copy.deepcopy(srt)  # more memory at the end
+    heavier["peak_rss_bytes"] += 2 ** 30
+    with pytest.raises(AssertionError):
+        corpus_scale_claims(text, scale, heavier)
+    torn = copy.deepcopy(srt)  # a log that does not add up to the table's count
+    torn["round_log"].pop(3)
+    with pytest.raises(AssertionError):
+        corpus_scale_claims(text, scale, torn)
+    with pytest.raises(AssertionError):
+        corpus_scale_claims(text.replace("29 rounds", "30 rounds"), scale, srt)
 
 
 def test_readme_dedup_table_is_the_committed_run():
