@@ -1,14 +1,15 @@
 """Corpus dedup at scale (issue 24, item 3): one ~3 MB document among ordinary rows goes
-through :func:`dedup.deduplicate` with bounded memory, and a cluster of thousands of
-near-identical rows is compared in capped pieces with the same outcome as whole.
+through :func:`dedup.deduplicate` with bounded memory; a cluster of thousands of near-identical
+rows compared in capped pieces keeps what it keeps whole; the k-means sample rule.
 
-The memory test runs the dedup in a child process (its peak resident memory is read there from
-``getrusage(RUSAGE_SELF).ru_maxrss``, a measure of the real process, not of Python's
-allocator; the parent's other children cannot inflate it) under an address-space limit, so code that asks for a rows x longest-text array fails there with a
-MemoryError instead of filling the machine. The code before this test grouped exact keys on
-``keys.astype(str)``: 2,003 rows x 3 M characters x 4 bytes = 21 GiB (a MemoryError under the
-limit); with exact off, its MinHash of the big document's 370k 3-grams at once grew the process
-by ~550 MB (over GROWTH_BOUND)."""
+The memory test runs the dedup in a child process under an address-space limit, so code that
+asks for a rows x longest-text array fails there with a MemoryError instead of filling the
+machine; the child reads its own peak resident memory (``getrusage(RUSAGE_SELF).ru_maxrss``: the
+real process, not Python's allocator, and no other child of the test process counts). Measured
+on the code before this test (d5a19bf): the exact step grouped keys on ``keys.astype(str)`` and
+asked numpy for 21 GiB (2,003 rows x a 2.8 M-character key x 4 bytes: MemoryError); with exact
+off, its MinHash of the big document's ~370k 3-grams at once grew the process by ~630 MiB, over
+GROWTH_BOUND. This code: peak ~340 MiB, growth ~180 MiB."""
 
 import json
 import os
@@ -27,19 +28,15 @@ from datamask_pipeline.engine.corpus.dedup import (_best_above, _cluster_best, d
 from tests.engine.text_corpus import python_sentences
 
 ROWS, DIM, BIG_BYTES = 2000, 32, 3_000_000
-# what the child may use: the interpreter with numpy, pyarrow, faiss and datasketch (~250 MB),
-# the corpus (~6 MB of text as Python strings, twice: the texts and their keys, plus the big
-# document's 3 M-character key as a 4-byte-per-character str in the worst case), the big
-# document's ~500k word 3-grams (~60 MB as a set, built for MinHash and for each containment
-# check of its pairs) and MinHash temporaries (MINHASH_PIECE x 126 x 8 bytes = 16 MB). 1 GiB
-# leaves room for all of it twice; the old exact step alone asked for 24 GB, and its MinHash of
-# the big document's 500k shingles at once for (500k x 126) uint64 temporaries (504 MB each).
+# the child's whole peak: the interpreter with numpy, pyarrow, faiss and datasketch (~150 MB),
+# the corpus (~7 MB of text as Python strings, twice: the texts and their keys; the big
+# document's key as a str of up to 4 bytes a character) and the dedup's growth below. 1 GiB is
+# three times what this code needs and far under the old exact step's 21 GiB.
 PEAK_BOUND = 1 << 30
-# and the dedup's own growth (peak minus the resident memory before it, with the corpus built
-# and the dedup's libraries imported):
-# the big document's key (up to 4 bytes a character, a few copies: ~40 MB), the 3-gram sets of
-# the big document and of its copy (a containment check holds both: ~2 x 60 MB) and MinHash
-# pieces. The old MinHash of the big document alone grew by ~550 MB.
+# the dedup's own growth (peak minus the resident memory before it, with the corpus built and
+# the dedup's libraries imported): the big document's key (a few copies, ~40 MB), the 3-gram
+# sets of the big document and of its copy (a containment check holds both: ~2 x 50 MB) and
+# MinHash pieces (MINHASH_PIECE x 126 x 8 bytes = 16 MB each).
 GROWTH_BOUND = 320 << 20
 ADDRESS_LIMIT = 6 << 30  # a fail-safe for the machine: a text-width array stops here
 
