@@ -84,9 +84,10 @@ def ordinary_texts(n: int) -> list:
 
 
 def big_corpus():
-    """(x, q, ids, texts, planted): ROWS sentences and paragraphs of the manual, the big document, a copy of
-    it in upper case (ASCII letters) with its spaces doubled (an exact duplicate), and a copy of a sentence
-    (exact); embeddings random (no near duplicates), quality random."""
+    """(x, q, ids, texts, planted): ROWS sentences and paragraphs of the manual, the big
+    document, a copy of it in upper case (ASCII letters) with its spaces doubled (an exact
+    duplicate), and a copy of a sentence (exact); embeddings random (no near duplicates),
+    quality random."""
     rng = np.random.default_rng(3)
     sent = ordinary_texts(ROWS)
     assert len(sent) == ROWS
@@ -134,7 +135,8 @@ def _run_child(limit: int = ADDRESS_LIMIT):
 @pytest.mark.skipif(sys.platform != "linux", reason="ru_maxrss in KiB and RLIMIT_AS: Linux")
 def test_a_3mb_document_goes_through_the_dedup_with_bounded_memory():
     out, err, peak = _run_child()
-    assert out is not None, f"the dedup of one 3 MB document among {ROWS} rows failed:\n{err[-3000:]}"
+    assert out is not None, (f"the dedup of one 3 MB document among {ROWS} rows failed:\n"
+                             f"{err[-3000:]}")
     growth = peak - out["rss_before"]
     print(f"\npeak RSS of the child: {peak / 2**20:.0f} MiB, {growth / 2**20:.0f} MiB of it in "
           f"the dedup; {out['stats']}")

@@ -20,8 +20,9 @@ steps run on a Ray cluster instead of one process holding every row:
   pieces, :func:`dedup._cluster_best`).
 
 What reaches the driver: the shards' parquet footers, the boilerplate line set, the k-means
-training sample (the sample's choice as one bit per row), and the per-row outcome (one bit per row of "already dropped", and the
-dropped rows with their lineage, which is the result). Rows are ranked by the tuple
+training sample, and the per-row outcome (one bit per row of "already dropped", and the
+dropped rows with their lineage, which is the result); the sample is picked by the driver and
+sent to the tasks as one bit per row. Rows are ranked by the tuple
 (-quality, id as text, shard, row) -- :func:`dedup._rank` on ids given as text, as
 ``corpus_dedup`` gives them.
 
