@@ -205,3 +205,28 @@ def test_kmeans_sample_is_all_rows_up_to_the_limit_then_a_seeded_uniform_sample(
     with pytest.raises(ValueError, match="max_cluster_rows"):
         deduplicate(x, np.ones(600), np.arange(600), np.zeros(600, int), np.arange(600),
                     max_cluster_rows=0)
+
+
+def test_exact_dedup_groups_on_the_digest_and_tells_colliding_keys_apart(monkeypatch):
+    """Equal keys (up to case, spaces and boilerplate) are grouped by their digest, the
+    best-ranked stays; were every digest equal (a collision), distinct texts still stay apart."""
+    import pyarrow as pa
+
+    from datamask_pipeline.engine.corpus import dedup
+
+    texts = ["Alpha beta gamma.", "ALPHA  beta gamma.", "delta epsilon", "Delta Epsilon ",
+             "zeta", None, "", "alpha beta gamma."]
+    n = len(texts)
+    q = np.array([0.1, 0.9, 0.5, 0.4, 0.3, 0.2, 0.2, 0.8])
+
+    def run():
+        res = deduplicate(np.ones((n, 4), np.float32), q, np.arange(n), np.zeros(n, int),
+                          np.arange(n), pa.array(texts), fuzzy=False, near=False,
+                          boilerplate_min_docs=None)
+        return {d["row"]: d["dup_of_row"] for d in res.dropped}
+
+    want = {0: 1, 7: 1, 3: 2}  # each to its key's best-ranked row; null and empty texts stay
+    assert run() == want
+    monkeypatch.setattr(dedup, "key_digests",
+                        lambda keys: np.zeros(len(keys), dtype=np.dtype((np.void, 16))))
+    assert run() == want
