@@ -6,7 +6,38 @@ from __future__ import annotations
 
 from .shard_report import COLORS, _new_figure, _png, _style, render
 
-__all__ = ["render_page", "shares_figure"]
+__all__ = ["render_page", "shares_figure", "headline"]
+
+
+def _share(p: float) -> str:
+    """A share as a percentage to 3 significant digits: 10%, 12.3%, 0.5%."""
+    return f"{100 * p:.3g}%"
+
+
+def headline(summary: dict, budget: str | None = None) -> str:
+    """What the selection is, in the units a reader checks: the rows selected as a share of
+    the corpus's input rows (the rows left after deduplication in brackets) and the budget in
+    the rows it was taken of, e.g. "300 rows selected = 10% of 3,000 input rows (2,621 after
+    dedup) · budget 10% of the input rows". A fraction budget is read from the counts (k =
+    fraction x input rows, the default, or x the rows after dedup); ``budget``: the label of
+    any other budget (rows, tokens)."""
+    k = int(summary.get("selected_rows", summary["k"]))
+    n = int(summary["n"])
+    n_in = int(summary.get("n_input") or n)
+    text = f"{k:,} rows selected = {_share(k / max(1, n_in))} of {n_in:,} input rows"
+    if n != n_in:
+        text += f" ({n:,} after dedup)"
+    b = summary.get("budget") or {}
+    if b.get("kind") == "fraction":
+        v = float(b["value"])
+        of = "the input rows"
+        if n != n_in and int(summary["k"]) != max(1, round(v * n_in)) and (
+                int(summary["k"]) == max(1, round(v * n))):
+            of = "the rows after dedup"
+        text += f" · budget {_share(v)} of {of}"
+    elif budget:
+        text += f" · budget {budget}"
+    return text
 
 
 def shares_figure(names: list, rows: list, selected: list, title: str) -> bytes:
@@ -70,7 +101,7 @@ def render_page(summary: dict, budget: str, sources: dict | None = None) -> str:
     else:
         dedup = None
     return render("corpus_selection.html.j2", title="Corpus selection", summary=summary, dedup=dedup,
-                  budget=budget, excluded=sorted((summary.get("excluded") or {}).items()),
+                  budget=budget, headline=headline(summary, budget), excluded=sorted((summary.get("excluded") or {}).items()),
                   score_rows=score_rows, figures=figures,
                   shard_rows=_share_rows(keys, rows, sel), source_rows=source_rows,
                   rounds=rounds)

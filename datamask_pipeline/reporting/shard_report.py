@@ -172,9 +172,14 @@ def _new_figure(w: float, h: float):
     return fig
 
 
-def _png(fig) -> bytes:
+def _png(fig, title: str | None = None) -> bytes:
+    """The figure as PNG bytes, byte-identical for the same figure (no software or time
+    stamp); ``title``: the figure's title, also written as the PNG's ``Title`` text."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=_DPI, metadata={"Software": None})
+    meta = {"Software": None}
+    if title:
+        meta["Title"] = title
+    fig.savefig(buf, format="png", dpi=_DPI, metadata=meta)
     return buf.getvalue()
 
 
@@ -533,8 +538,11 @@ def _build_shard_report(
 
     # ---- figures
     rows, coords, ratio = pca_2d(xt, device=device)
-    figures = {
-        "curve": _figure_curve(list(history or []), algorithm, lamb, levels),
+    # a route that learns nothing has no curve: the figure is left out (three empty panels
+    # said nothing) and the page says why in one line (NO_CURVE)
+    figures = {} if not history else {
+        "curve": _figure_curve(list(history), algorithm, lamb, levels)}
+    figures |= {
         "quality": _figure_quality(quality_histograms(q_np, {"datamask": sel, "topk": topk_mask})),
         "projection": _figure_projection(coords, ratio, sel[rows], topk_mask[rows], n),
         "spectrum": _figure_spectrum(spectra, flat, d),
@@ -605,9 +613,17 @@ def _markdown(metrics, levels, algorithm, lamb, ret) -> str:
     return "\n".join(lines) + "\n"
 
 
+NO_CURVE = ("Optimisation curve: none — {label} took no learning steps (a route without the "
+            "learner, λ = 1, or a result read from a finished checkpoint), so there is no "
+            "per-step score to draw; the whole-shard scores above are the result.")
+
+
 def _html_page(title, metrics, levels, algorithm, lamb, figures, ret, extra) -> str:
     header, body = _score_table(levels, metrics, algorithm, lamb)
     sections = []
+    if "curve" not in figures:
+        sections.append({"name": "curve", "png": None, "table": None,
+                         "note": NO_CURVE.format(label=_SELECTION_LABEL.get())})
     for name, png in figures.items():
         table = None
         if name == "sources" and ret is not None:

@@ -271,13 +271,47 @@ def plot_frontier(sweep: dict, *, title: str | None = None) -> bytes:
     ax2.legend(fontsize=8.5, frameon=False, loc="best")
     _style(ax2)
 
-    cfg = sweep.get("config") or {}
-    sub = (f"n={sweep['n']:,}, d={sweep['d']}, k={sweep['k']:,}"
-           + (f", {cfg['n_epochs']} steps, G={cfg['n_rollout']}, partial={cfg['partial']:g}"
-              if {"n_epochs", "n_rollout", "partial"} <= set(cfg) else ""))
-    fig.suptitle(f"{title or f'λ trade-off, {alg}'}  ({sub})", fontsize=11)
+    heading = frontier_title(sweep, title)
+    fig.suptitle(heading, fontsize=11 if len(heading) <= 140 else 9)
     fig.tight_layout(rect=(0, 0, 1, 0.965))
-    return _png(fig)
+    return _png(fig, title=heading)
+
+
+def what_ran(sweep: dict) -> str:
+    """What the selections of a sweep did, by route: the λ values each route ran at (when
+    there are several routes) and the learning steps it took, with the learner's G and
+    partial only where it took some (a route that learns nothing says so, whatever
+    ``n_epochs`` was configured). A sweep recorded without routes names its configuration as
+    configured."""
+    cfg = sweep.get("config") or {}
+    pts = sorted(sweep.get("points") or [], key=lambda p: p["lamb"])
+    learner = (f", G={cfg['n_rollout']}, partial={cfg['partial']:g}"
+               if {"n_rollout", "partial"} <= set(cfg) else "")
+    if not pts or any("steps" not in p or "route" not in p for p in pts):
+        return (f"configured: {cfg['n_epochs']} steps{learner}" if "n_epochs" in cfg else "")
+    routes: dict = {}
+    for p in pts:
+        routes.setdefault(p["route"], []).append(p)
+    parts = []
+    for route, ps in routes.items():
+        steps = sorted({int(p["steps"]) for p in ps})
+        if steps[-1] == 0:
+            did = "no learning steps"
+        else:
+            did = (f"{steps[0]}" if len(steps) == 1 else f"{steps[0]}–{steps[-1]}") + \
+                f" steps{learner}"
+        at = "" if len(routes) == 1 else "λ=" + ", ".join(f"{p['lamb']:g}" for p in ps) + ": "
+        parts.append(f"{at}{route}, {did}")
+    return "; ".join(parts)
+
+
+def frontier_title(sweep: dict, title: str | None = None) -> str:
+    """The figure's title: the given one (or "λ trade-off, <term>"), the shard's size and
+    what the routes did (:func:`what_ran`)."""
+    sub = f"n={sweep['n']:,}, d={sweep['d']}, k={sweep['k']:,}"
+    did = what_ran(sweep)
+    head = title or f"λ trade-off, {sweep['algorithm']}"
+    return f"{head}  ({sub}; {did})" if did else f"{head}  ({sub})"
 
 
 # ----------------------------------------------------------------------- command line
