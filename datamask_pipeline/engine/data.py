@@ -590,6 +590,12 @@ def text_rejects(uri, columns: Columns, share: float = C.DEFAULT_QUARANTINE_SHAR
     else:
         rows_, rules_, ids_ = np.zeros(0, dtype=np.int64), (), ()
     out = TextRejects(path, column, int(n), rows_, rules_, ids_, float(share))
+    if out.count and out.count <= share * n and columns.id in names:
+        # the ids are the shard's structure: a quarantined row must not take a null or
+        # repeated id out of the features, where the checks would no longer see it
+        with fs.open_input_file(p) as fh:
+            _ids(pq.ParquetFile(fh).read(columns=[columns.id]).column(columns.id), path,
+                 columns.id)
     if out.count > share * n:
         counts = out.by_rule()
         worst = max(counts, key=counts.get)

@@ -4,6 +4,7 @@ proceeds; past the contract's ``quarantine_share`` the shard fails as before, na
 column, rule, count and ids; structural breaches (ids) still reject the shard."""
 
 import os
+import re
 
 import dagster as dg
 import numpy as np
@@ -277,3 +278,19 @@ def test_shard_report_sources_follow_the_raw_rows(tmp_path):
     pq.write_table(pa.table({"source": ["a", "b", "c", "d", "e"]}), raw_uri)
     assert read_sources(raw_uri, "source", 5).tolist() == ["a", "b", "c", "d", "e"]
     assert read_sources(raw_uri, "source", 3, np.array([0, 2, 4])).tolist() == ["a", "c", "e"]
+
+
+@pytest.mark.parametrize("ids, rule", [
+    # the null id is on a blank row: quarantining it must not hide it
+    (pa.array([None] + list(range(1, 400)), pa.int64()), "rule 'non-null ids' broken by 1 row; "
+                                                         "row numbers: [0]"),
+    # a blank row repeats a good row's id
+    (pa.array([7] + list(range(1, 400)), pa.int64()), "rule 'unique ids' broken by 1 row; ids: [7]"),
+])
+def test_a_quarantined_row_does_not_hide_an_id_breach(tmp_path, ids, rule):
+    raw_uri = str(tmp_path / "raw.parquet")
+    texts = _texts(400)
+    texts[0] = "  "
+    pq.write_table(pa.table({"chunk_id": ids, "text": texts}), raw_uri)
+    with pytest.raises(DataContractError, match=re.escape(rule)):
+        text_rejects(raw_uri, Columns(), share=0.01)
