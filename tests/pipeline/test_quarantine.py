@@ -247,18 +247,19 @@ def test_a_shard_whose_text_is_not_read_is_not_quarantined(tmp_path):
 
 def test_structural_breaches_still_reject_the_shard(instance, data_root, resources,
                                                     text_contract):
-    """A few blank rows are quarantined, but a duplicate id among the good rows still fails
-    the blocking unique_ids check: the ids are the shard's structure, not a row's."""
+    """Two blank rows would be quarantined, but a duplicate id among the good rows rejects
+    the shard: the ids are the shard's structure, not a row's. Nothing is written."""
     ids = np.arange(1000, 1000 + N, dtype=np.int64)
     ids[10] = ids[11]
-    _write(data_root, _shard([20, 30], ids=ids))
+    raw_uri = _write(data_root, _shard([20, 30], ids=ids))
     register_shards(instance, data_root.raw_root)
     result = _materialize(instance, {**resources, "contract": text_contract},
                           raise_on_error=False)
-    evals = {e.check_name: e for e in result.get_asset_check_evaluations()}
-    assert not evals["unique_ids"].passed
-    assert "rule 'unique ids' broken by 1 row; ids: [1011]" in evals["unique_ids"].description
-    assert evals["unique_ids"].metadata["rows_quarantined"].value == 2
+    assert not result.success
+    assert (f"ingestion failed: {raw_uri}: column 'chunk_id': rule 'unique ids' broken by 1 "
+            f"row; ids: [1011]") in _failure(result)
+    assert not os.path.exists(data_root.features(KEY))
+    assert not os.path.exists(data_root.rejects(KEY))
 
 
 def test_the_share_is_a_described_contract_knob():
