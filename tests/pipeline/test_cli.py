@@ -104,15 +104,16 @@ def test_register_then_dagster_asset_materialize(cli_env):
 def test_demo_command(cli_env):
     # a data root named in the environment holds no shards: sample data only when asked
     out = _run([sys.executable, "-m", "datamask_pipeline.demo", "--generate-sample", "--shards",
-                "2", "--rows", str(ROWS), "--dim", str(DIM), "--per-shard-chain"], cli_env,
-               timeout=300)
+                "2", "--rows", str(ROWS), "--dim", str(DIM), "--per-shard-chain",
+                "--select-ratio", "0.2"], cli_env, timeout=300)
     data = Path(cli_env["DATAMASK_DATA_ROOT"])
     assert out.stdout.startswith(f"SAMPLE DATA: --generate-sample: generated 2 shard(s) x {ROWS} "
                                  f"rows of sample text with {DIM}-d embeddings in {data / 'raw'}")
     for key in ("shard_000", "shard_001"):
         path = data / "selected_per_shard" / f"{key}.parquet"
         assert str(path) in out.stdout
-        assert pq.read_metadata(path).num_rows == round(0.1 * ROWS)
+        # --select-ratio reaches each shard's mask (it was ignored by the chain before)
+        assert pq.read_metadata(path).num_rows == round(0.2 * ROWS)
         assert os.path.isfile(data / "reports" / key / "report.html")
     assert "f selection" in out.stdout and "route" in out.stdout and "total" in out.stdout
     assert (data / "catalog.duckdb").is_file()
