@@ -5,8 +5,9 @@ Dagster's own automation decides what runs (``AutomationCondition``s, evaluated 
 timestamps. What it automates is a setting, ``DATAMASK_AUTOMATION``:
 
 - ``corpus`` (default): a new or rewritten shard gets its ``features`` and their checks, and
-  nothing else. The selection is the corpus stage's (``corpus_job``, launched by you or your
-  schedule): a new file does not re-select the corpus, whose budget and rows it shares.
+  nothing else. The selection is the corpus stage's (``corpus_job``, launched by you or by the
+  corpus schedule, ``schedules.py``, daily by default): a new file does not re-select the
+  corpus at once, whose budget and rows it shares.
 - ``per_shard``: the paper's per-shard chain (``features`` + checks → ``mask`` →
   ``shard_report`` → ``selected_subset``) and the hourly catalog (``corpus_summary``).
 
@@ -26,6 +27,9 @@ raw file rewritten (new ``raw_shard``  ``eager``: a dependency updated, so the a
 observation: size + mtime changed)     of that shard only are requested
 cron refresh (``DATAMASK_REFRESH_CRON``,  at each tick: every shard whose output is missing, or
 off by default)                        whose asset's code version changed since its last run
+corpus schedule (``DATAMASK_CORPUS_CRON``, ``corpus_schedule`` (``schedules.py``), not automation:
+daily by default)                      at each tick, ``corpus_job`` when shards changed since the
+                                       last corpus selection and none is in progress
 UI / CLI launch                        you; automation will not launch a shard while it runs
 corpus catalog (``per_shard`` only)    at each ``DATAMASK_CATALOG_CRON`` tick (hourly by
                                        default) when any shard's selection changed
@@ -92,6 +96,25 @@ def refresh_cron() -> str | None:
 
 def catalog_cron() -> str:
     return (os.environ.get(settings.ENV_CATALOG_CRON) or "").strip() or DEFAULT_CATALOG_CRON
+
+
+DEFAULT_CORPUS_CRON = "0 0 * * *"  # daily, 00:00 UTC
+OFF = ("off", "none", "false", "0")
+
+
+def corpus_cron() -> str | None:
+    """The cron of the corpus schedule (env ``DATAMASK_CORPUS_CRON``, default daily
+    ``0 0 * * *``); ``off`` (or ``none``): no corpus schedule. A value that is not a cron
+    string is refused, naming the variable."""
+    value = (os.environ.get(settings.ENV_CORPUS_CRON) or "").strip() or DEFAULT_CORPUS_CRON
+    if value.lower() in OFF:
+        return None
+    from dagster._utils.schedules import is_valid_cron_string
+
+    if not is_valid_cron_string(value):
+        raise ValueError(f"{settings.ENV_CORPUS_CRON}={value!r}: not a cron string (five "
+                         f"fields, e.g. the default {DEFAULT_CORPUS_CRON!r}; 'off': no schedule)")
+    return value
 
 
 def deps_missing() -> dg.AutomationCondition:

@@ -22,6 +22,7 @@ from resources.storage import DataRoot
 
 from .automation import automate, automation_sensor
 from .failures import shard_failure_sensor
+from .schedules import schedules_from_env
 from .jobs import (corpus_job, corpus_summary_job, datamask_cpu_demo_job, datamask_job,
                    datamask_upstream_job, features_job)
 from .sensors import raw_shard_sensor
@@ -56,8 +57,9 @@ def _executor():
     return dg.in_process_executor
 
 
-# The corpus dedup and selection are launched by hand or as corpus_job, never by a new file
-# alone (a re-selection touches every shard's share); corpus_subset follows it eagerly.
+# The corpus dedup and selection are launched by the corpus schedule (schedules.py, daily when
+# shards changed) or by hand as corpus_job, never by a new file alone (a re-selection touches
+# every shard's share); corpus_subset follows it eagerly.
 SHARD_ASSETS = [raw_shard, features, mask, shard_report, selected_subset, corpus_summary]
 CORPUS_ASSETS = [
     corpus_dedup,
@@ -74,6 +76,8 @@ def make_defs(scope: str | None = None) -> dg.Definitions:
         asset_checks=[validate_features],
         jobs=[datamask_job, datamask_upstream_job, datamask_cpu_demo_job, corpus_summary_job,
               features_job, corpus_job],
+        # the corpus selection at DATAMASK_CORPUS_CRON (daily by default), when it is due
+        schedules=schedules_from_env(),
         sensors=[raw_shard_sensor, shard_failure_sensor,
                  automation_sensor(dg.AssetSelection.all() - dg.AssetSelection.assets(raw_shard.key))],
         resources=resources_from_env(),

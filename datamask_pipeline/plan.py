@@ -20,8 +20,14 @@ step is missing or out of date, with the reason (first found wins):
 A shard whose blocking checks on ``features`` failed is not among them: automation does not
 launch its steps after ``features`` (``all_deps_blocking_checks_passed``) until its raw file
 changes (reason 4) or ``features``' code version does, so it is listed apart as blocked, with
-the failed checks, and not priced. ``--keys`` prints the shards that need a run, comma-separated,
-for ``dagster job backfill --partitions`` (README: "Re-run many shards").
+the failed checks, and not priced. A shard that a run or a requested backfill already has
+(:func:`in_progress`) is not listed either: it is shown as in progress.
+
+``--launch`` launches exactly the shards it lists, as ONE asset backfill of the scope's steps
+(Dagster's own backfill, what the UI's "Materialize" of several partitions creates; the daemon
+runs it, paced by the run queue and the ``gpu`` pool); with nothing listed it launches nothing.
+``--keys`` prints the same shards comma-separated; with none it prints nothing and exits 1,
+because an empty ``dagster job backfill --partitions ""`` would backfill EVERY shard.
 
 It then estimates the cost of running them: rows per shard from the latest ``features``
 materialization (for never-ingested shards, the raw file's bytes times the median rows per
@@ -30,8 +36,11 @@ materializations (median ``step_wall_time_s`` / rows). With no mask run yet, the
 reported as unknown rather than guessed.
 
 The corpus selection is planned apart (:func:`corpus_plan`): it is due when shards were
-ingested after the last ``corpus_selection`` or are gone; the dry run says what it would launch
-and its cost, scaled by rows from the last corpus run's time.
+ingested after the last ``corpus_selection`` or are gone (or none ran yet and shards passed
+their checks); it waits while a shard is in progress. The dry run says what it would launch, its
+cost, scaled by rows from the last corpus run's time, and when the corpus schedule
+(``DATAMASK_CORPUS_CRON``, :mod:`datamask_pipeline.schedules`) next fires: the schedule launches
+it on that tick under the same rule.
 
 The scan is batched: a few event-log queries per asset and one listing per location, whatever
 the number of shards (``bench/orchestration.py`` measures it up to 10,000 shards).
@@ -43,9 +52,13 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 
 import dagster as dg
+from dagster._core.execution.backfill import BulkActionsFilter, BulkActionStatus, PartitionBackfill
+from dagster._core.storage.partition_status_cache import AssetPartitionStatus
+from dagster._core.utils import make_new_backfill_id
 
 from assets.ingest import features
 from assets.learn import mask
@@ -97,6 +110,52 @@ def _meta(rec, name):
     return None if entry is None else entry.value
 
 
+# backfills that may still launch runs (REQUESTED: the daemon works through it)
+ACTIVE_BACKFILLS = [BulkActionStatus.REQUESTED]
+LAUNCH_TAG = "datamask/launched_by"
+
+
+def _backfill_targets(backfill, asset_keys) -> set:
+    """The partitions of ``asset_keys`` that ``backfill`` targets and has not finished
+    (an asset backfill: its target minus what it materialized or failed; a job backfill: its
+    partition names)."""
+    data = backfill.asset_backfill_data
+    if data is None:
+        return set(backfill.partition_names or [])
+    out = set()
+    for key in asset_keys:
+        target = data.target_subset.partitions_subsets_by_asset_key.get(key)
+        if target is None:
+            continue
+        done = set()
+        for sub in (data.materialized_subset, data.failed_and_downstream_subset):
+            got = sub.partitions_subsets_by_asset_key.get(key)
+            if got is not None:
+                done |= set(got.get_partition_keys())
+        out |= set(target.get_partition_keys()) - done
+    return out
+
+
+def in_progress(instance: dg.DagsterInstance, keys, assets=(features,)) -> dict:
+    """{shard: what has it} for the shards of ``keys`` that are in progress for any of
+    ``assets``: a run that planned them and has not ended (Dagster's partition status
+    IN_PROGRESS: queued or running), or a requested backfill that targets them and has not
+    materialized them yet (queued before its runs exist). One status lookup per asset and one
+    query of the active backfills, whatever the number of shards."""
+    keys = list(keys)
+    out = {}
+    for a in assets:
+        status = instance.get_status_by_partition(a.key, keys, a.partitions_def) or {}
+        for key, st in status.items():
+            if st == AssetPartitionStatus.IN_PROGRESS:
+                out.setdefault(key, f"a run of {a.key.to_user_string()} is queued or running")
+    wanted = set(keys)
+    for b in instance.get_backfills(filters=BulkActionsFilter(statuses=ACTIVE_BACKFILLS)):
+        for key in sorted(_backfill_targets(b, [a.key for a in assets]) & wanted):
+            out.setdefault(key, f"backfill {b.backfill_id} has it ({b.status.value})")
+    return out
+
+
 @dataclass
 class Plan:
     """The shards a refresh would run, why, and what that would cost."""
@@ -104,6 +163,7 @@ class Plan:
     registered: int
     reasons: dict  # key -> reason
     blocked: dict = field(default_factory=dict)  # key -> failed blocking checks (not launched)
+    in_progress: dict = field(default_factory=dict)  # key -> the run or backfill that has it
     rows: dict = field(default_factory=dict)  # key -> rows (measured or estimated)
     rows_estimated: list = field(default_factory=list)  # keys whose rows are estimated
     seconds_per_row: float | None = None  # median over this instance's mask runs
@@ -219,8 +279,10 @@ def plan(instance: dg.DagsterInstance, data_root: DataRoot, scope: str | None = 
     # every ingested shard (not only those listed): under the corpus scope a shard whose checks
     # failed has its features and is listed nowhere else, yet the corpus selection leaves it out
     blocked = blocked_by_checks(instance, keys, recs[features.key], raw)
-    reasons = {k: r for k, r in reasons.items() if k not in blocked}
-    out = Plan(registered=len(keys), reasons=reasons, blocked=blocked, scope=scope)
+    busy = in_progress(instance, keys, CHAINS[scope])
+    reasons = {k: r for k, r in reasons.items() if k not in blocked and k not in busy}
+    out = Plan(registered=len(keys), reasons=reasons, blocked=blocked, scope=scope,
+               in_progress=busy)
 
     rows = {k: _meta(r, "dagster/row_count") for k, r in recs[features.key].items()}
     rows = {k: int(v) for k, v in rows.items() if v is not None}
@@ -243,69 +305,140 @@ def plan(instance: dg.DagsterInstance, data_root: DataRoot, scope: str | None = 
 
 
 CORPUS_KEY = dg.AssetKey("corpus_selection")
+CORPUS_JOB = "corpus_job"
 
 
 def corpus_plan(instance: dg.DagsterInstance, data_root: DataRoot, features_records: dict | None = None,
-                raw: dict | None = None) -> dict:
+                raw: dict | None = None, busy: dict | None = None) -> dict:
     """Whether the corpus selection is due, what it would launch and what it would cost: the
     shards whose features are newer than the last ``corpus_selection`` (new or rewritten), the
     shards it covered that are gone, and the cost scaled by rows from that run's own time
-    (``seconds`` metadata). It never launches: a re-selection is started by hand or by
-    ``corpus_job`` (README: Select for the corpus)."""
+    (``seconds`` metadata). It waits (``due`` false, ``waiting`` true) while a shard is in
+    progress (:func:`in_progress` of ``features``; ``busy`` may be passed in) or a corpus
+    selection is running. It never launches: the corpus schedule (``schedules.py``) applies the
+    same rule at its cron tick, or you launch ``corpus_job``.
+
+    ``state`` says which case holds: ``no shards`` (nothing registered), ``no input`` (no
+    registered shard has features that passed their checks), ``first`` (none ran yet),
+    ``changed``, ``up to date``; ``waiting`` is set apart."""
     keys = sorted(instance.get_dynamic_partitions(PARTITIONS_NAME))
     if features_records is None:
         features_records = _latest_records(instance, features.key, keys)
     raw = raw_files(data_root) if raw is None else raw
+    busy = in_progress(instance, keys) if busy is None else busy
     last = instance.fetch_materializations(CORPUS_KEY, limit=1).records
     status = latest_check_status(instance, list(features_records))
-    present = sorted(k for k in features_records if k in raw
-                     and all(v == "SUCCEEDED" for v in status.get(k, {}).values()))
+    passed = {k for k in features_records
+              if all(v == "SUCCEEDED" for v in status.get(k, {}).values())}
+    present = sorted(k for k in passed if k in raw and k not in busy)
+    failing = sorted(k for k in features_records if k not in passed and k not in busy)
     rows_now = sum(int(_meta(features_records[k], "dagster/row_count") or 0) for k in present)
-    out = {"launches": "corpus_job (corpus_selection -> corpus_subset)", "shards": len(present),
-           "rows": rows_now, "due": False, "reasons": [], "changed": [], "removed": [],
-           "estimated_seconds": None}
+    running = _corpus_running(instance)
+    out = {"launches": "corpus_job (corpus_dedup -> corpus_selection -> corpus_subset)",
+           "shards": len(present), "registered": len(keys),
+           "rows": rows_now, "due": False, "waiting": False, "state": "up to date",
+           "reasons": [], "changed": [], "removed": [], "failing": failing,
+           "in_progress": dict(sorted(busy.items())), "corpus_running": running,
+           "last_selection": None, "estimated_seconds": None}
     if not last:
+        out["state"] = "first" if present else ("no shards" if not keys else "no input")
         out["due"] = bool(present)
         out["reasons"] = ["no corpus selection yet"] if present else []
-        return out
-    rec = last[0]
-    covered, last_sel = set(), {}
-    try:
-        # the shards it selected from, and left out
-        last_sel = json.loads(storage.read_bytes(storage.join(data_root.corpus_dir(),
-                                                              "selection.json")))
-        covered = set(last_sel.get("sizes", {})) | set(last_sel.get("excluded", {}))
-    except (OSError, ValueError):
-        pass
-    changed = [k for k in present
-               if features_records[k].timestamp > rec.timestamp or (covered and k not in covered)]
-    removed = sorted(covered - set(present) - set(last_sel.get("excluded", {})) if covered else [])
-    out.update(changed=changed, removed=removed, due=bool(changed or removed))
-    if changed:
-        out["reasons"].append(f"{len(changed)} shard(s) new or re-ingested since the last "
-                              "corpus selection")
-    if removed:
-        out["reasons"].append(f"{len(removed)} shard(s) of the last selection are gone")
-    secs, rows_then = _meta(rec, "seconds"), _meta(rec, "rows_corpus")
-    if secs is not None and rows_then:
-        out["estimated_seconds"] = float(secs) * rows_now / int(rows_then)
+    else:
+        rec = last[0]
+        out["last_selection"] = rec.timestamp
+        covered, last_sel = set(), {}
+        try:
+            # the shards it selected from, and left out
+            last_sel = json.loads(storage.read_bytes(storage.join(data_root.corpus_dir(),
+                                                                  "selection.json")))
+            covered = set(last_sel.get("sizes", {})) | set(last_sel.get("excluded", {}))
+        except (OSError, ValueError):
+            pass
+        changed = [k for k in present if features_records[k].timestamp > rec.timestamp
+                   or (covered and k not in covered)]
+        # gone: covered then, and now unregistered or without its raw file; a shard in progress
+        # or failing its checks now is not gone (it is listed as what it is)
+        removed = sorted(k for k in covered - set(last_sel.get("excluded", {}))
+                         if k not in busy and k not in failing and k not in present)
+        # nothing left to select from: not due (the run would fail), said so
+        out.update(changed=changed, removed=removed, due=bool(present and (changed or removed)),
+                   state=("no input" if not present and not busy else
+                          "changed" if changed or removed else "up to date"))
+        if changed:
+            out["reasons"].append(f"{len(changed)} shard(s) new or re-ingested since the last "
+                                  "corpus selection")
+        if removed:
+            out["reasons"].append(f"{len(removed)} shard(s) of the last selection are gone")
+        secs, rows_then = _meta(rec, "seconds"), _meta(rec, "rows_corpus")
+        if secs is not None and rows_then:
+            out["estimated_seconds"] = float(secs) * rows_now / int(rows_then)
+    if busy or running:
+        # the schedule does not launch while a shard or a corpus selection is in progress
+        out["waiting"] = True
+        out["due"] = False
     return out
 
 
-def render_corpus(c: dict, limit: int = 20) -> str:
-    if not c["due"]:
-        return "corpus selection: up to date (nothing new since the last corpus_selection)"
-    lines = [f"corpus selection due: {'; '.join(c['reasons'])}",
-             f"  launches {c['launches']} over {c['shards']} shard(s), {c['rows']:,} rows"]
+def _corpus_running(instance: dg.DagsterInstance) -> list:
+    """Run ids of the corpus selections queued or running (a ``corpus_job`` run, or any run
+    that selected ``corpus_selection``, that has not ended)."""
+    records = instance.get_run_records(dg.RunsFilter(
+        statuses=[dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED,
+                  dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED]))
+    return [r.dagster_run.run_id for r in records
+            if r.dagster_run.job_name == CORPUS_JOB
+            or CORPUS_KEY in (r.dagster_run.asset_selection or ())]
+
+
+def render_corpus(c: dict, limit: int = 20, schedule: str | None = None) -> str:
+    """The corpus plan in words; ``schedule``: the schedule's line (:func:`schedule_line`)."""
+    state = c.get("state")
+    if state == "no shards":
+        lines = ["corpus selection: nothing to select from: no shard is registered (register "
+                 "shards: python -m datamask_pipeline.register, or the raw-shard sensor)"]
+    elif c["waiting"]:
+        busy, what = c["in_progress"], []
+        if busy:
+            what.append(f"{len(busy)} shard(s) in progress")
+        if c["corpus_running"]:
+            what.append(f"a corpus selection is running ({', '.join(c['corpus_running'][:3])})")
+        lines = [f"corpus selection waits: {' and '.join(what)}; not launched until they end"]
+        if c["reasons"]:
+            lines.append(f"  then due: {'; '.join(c['reasons'])}")
+        for key in list(busy)[:limit]:
+            lines.append(f"  in progress: {key} ({busy[key]})")
+        if len(busy) > limit:
+            lines.append(f"  ... and {len(busy) - limit} more in progress (--json)")
+    elif state == "no input":
+        when = "" if c.get("last_selection") is None else " now"
+        lines = [f"corpus selection: {'none yet, and ' if not when else 'not launched: '}none "
+                 f"of the {c['registered']} registered shard(s){when} has features that passed "
+                 "their checks (materialize features first)"]
+        if c["reasons"]:
+            lines.append(f"  since the last corpus selection: {'; '.join(c['reasons'])}")
+    elif c["due"]:
+        lines = [f"corpus selection due: {'; '.join(c['reasons'])}",
+                 f"  launches {c['launches']} over {c['shards']} shard(s), {c['rows']:,} rows"]
+    else:
+        lines = ["corpus selection: up to date (no shard new, re-ingested or removed since the "
+                 "last corpus_selection)"]
     for key in c["changed"][:limit]:
         lines.append(f"  changed: {key}")
     for key in c["removed"][:limit]:
         lines.append(f"  removed: {key}")
-    if c["estimated_seconds"] is None:
-        lines.append("  estimated cost: unknown (no corpus selection on this instance to scale from)")
-    else:
-        lines.append(f"  estimated cost: {c['estimated_seconds']:.3g} s (the last corpus selection's "
-                     "time, scaled by rows); every shard's share may change")
+    if c.get("failing"):
+        lines.append(f"  left out: {len(c['failing'])} shard(s) whose checks failed: "
+                     f"{', '.join(c['failing'][:limit])}")
+    if c["due"] or (c["waiting"] and c["reasons"]):
+        if c["estimated_seconds"] is None:
+            lines.append("  estimated cost: unknown (no corpus selection on this instance to "
+                         "scale from)")
+        else:
+            lines.append(f"  estimated cost: {c['estimated_seconds']:.3g} s (the last corpus "
+                         "selection's time, scaled by rows); every shard's share may change")
+    if schedule:
+        lines.append(f"  {schedule}")
     return "\n".join(lines)
 
 
@@ -319,6 +452,13 @@ def render(p: Plan, limit: int = 20) -> str:
         lines.append(f"  {key}: {p.reasons[key]}; rows {rows if rows is not None else '?'}{est}")
     if len(p.reasons) > limit:
         lines.append(f"  ... and {len(p.reasons) - limit} more (--limit, --json)")
+    if p.in_progress:
+        lines.append(f"{len(p.in_progress)} shard(s) in progress (not listed: a run or a "
+                     "backfill already has them)")
+        for key in sorted(p.in_progress)[:limit]:
+            lines.append(f"  {key}: {p.in_progress[key]}")
+        if len(p.in_progress) > limit:
+            lines.append(f"  ... and {len(p.in_progress) - limit} more (--limit, --json)")
     if p.blocked:
         lines.append(f"{len(p.blocked)} shard(s) blocked by failed blocking checks on features "
                      "(not launched by automation, not priced; fix the raw file: its new version "
@@ -341,22 +481,67 @@ def render(p: Plan, limit: int = 20) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def launch(instance: dg.DagsterInstance, p: Plan, asset_graph=None) -> str | None:
+    """Launch exactly the shards ``p`` lists (``p.reasons``) as ONE asset backfill of the
+    scope's steps (``CHAINS[p.scope]``, their blocking checks with them), with Dagster's own
+    backfill API (what the UI's launch of several partitions creates; the daemon runs it).
+    Returns the backfill id, or None, launching nothing, when no shard is listed."""
+    keys = sorted(p.reasons)
+    if not keys:
+        return None
+    if asset_graph is None:
+        from datamask_pipeline.definitions import defs
+
+        asset_graph = defs.resolve_asset_graph()
+    steps = [a.key for a in CHAINS[p.scope]]
+    backfill = PartitionBackfill.from_asset_partitions(
+        backfill_id=make_new_backfill_id(),
+        asset_graph=asset_graph,
+        partition_names=keys,
+        asset_selection=steps,
+        backfill_timestamp=time.time(),
+        tags={LAUNCH_TAG: "plan"},
+        dynamic_partitions_store=instance,
+        all_partitions=False,
+        title=f"dry run: {len(keys)} shard(s)",
+        description=f"{' -> '.join(k.to_user_string() for k in steps)} of the shard(s) "
+                    "python -m datamask_pipeline.plan listed",
+        run_config=None,
+    )
+    instance.add_backfill(backfill)
+    return backfill.backfill_id
+
+
+def schedule_line(instance: dg.DagsterInstance, now: float | None = None) -> str:
+    """When the corpus schedule next fires, or why it does not (off, stopped in the UI)."""
+    from datamask_pipeline import schedules
+
+    return schedules.describe(instance, now=now)
+
+
+def main(argv=None, instance: dg.DagsterInstance | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m datamask_pipeline.plan",
                                  description="Dry run: the shards a refresh would launch, why, "
-                                 "and an estimate of the device-hours. Launches nothing.")
+                                 "and an estimate of the device-hours; whether the corpus "
+                                 "selection is due and when its schedule fires. Launches nothing "
+                                 "unless --launch.")
     out_fmt = ap.add_mutually_exclusive_group()
     out_fmt.add_argument("--json", action="store_true", help="print the plan as JSON")
     out_fmt.add_argument("--keys", action="store_true",
-                         help="print only the shards that need a run, comma-separated (for "
-                         "`dagster job backfill --partitions`)")
+                         help="print only the shards that need a run, comma-separated; with "
+                         "none, print nothing and exit 1 (an empty `dagster job backfill "
+                         "--partitions \"\"` would backfill every shard)")
+    out_fmt.add_argument("--launch", action="store_true",
+                         help="launch exactly the shards listed, as one backfill of the "
+                         "automation scope's steps (run by the daemon); none listed: nothing")
     ap.add_argument("--limit", type=int, default=20, help="shards listed in the text output")
     args = ap.parse_args(argv)
 
     from datamask_pipeline import settings
 
-    settings.ensure_dagster_home()
-    instance = dg.DagsterInstance.get()
+    if instance is None:
+        settings.ensure_dagster_home()
+        instance = dg.DagsterInstance.get()
     data_root = DataRoot(root=settings.data_root(), raw=settings.raw_root())
     # one raw listing and one query of the features' records serve both plans
     raw = raw_files(data_root)
@@ -364,13 +549,33 @@ def main(argv=None) -> int:
     feats = _latest_records(instance, features.key, keys)
     p = plan(instance, data_root, raw=raw, records={features.key: feats})
     if args.keys:
+        if not p.reasons:
+            print("nothing to run: no shard is listed (an empty --partitions would backfill "
+                  "every shard; nothing printed)", file=sys.stderr)
+            return 1
         print(",".join(sorted(p.reasons)))
         return 0
-    c = corpus_plan(instance, data_root, features_records=feats, raw=raw)
+    if args.launch:
+        print(render(p, args.limit))
+        backfill_id = launch(instance, p)
+        if backfill_id is None:
+            print("launched nothing: no shard needs a run")
+        else:
+            print(f"launched backfill {backfill_id}: {len(p.reasons)} shard(s) of "
+                  f"{' -> '.join(a.key.to_user_string() for a in CHAINS[p.scope])} (the "
+                  "daemon runs it: dagster dev, or dagster-daemon run; UI: Overview > "
+                  "Backfills)")
+        print("the corpus selection is not launched here: its schedule or "
+              "`dagster job launch -j corpus_job`")
+        return 0
+    busy = {**p.in_progress} if p.scope == "corpus" else None
+    c = corpus_plan(instance, data_root, features_records=feats, raw=raw, busy=busy)
+    sched = schedule_line(instance)
     if args.json:
-        print(json.dumps({**p.as_dict(), "corpus": c}, indent=2, sort_keys=True))
+        print(json.dumps({**p.as_dict(), "corpus": {**c, "schedule": sched}}, indent=2,
+                         sort_keys=True))
     else:
-        print(render(p, args.limit) + "\n" + render_corpus(c, args.limit))
+        print(render(p, args.limit) + "\n" + render_corpus(c, args.limit, schedule=sched))
     return 0
 
 

@@ -26,6 +26,10 @@ Every default is a local path under the repository, so a newcomer needs no confi
 ``DATAMASK_REFRESH_CRON``  cron of the scheduled refresh of missing / code-changed shards
                             (one backfill per tick); unset (default): off
 ``DATAMASK_CATALOG_CRON``  cron of the catalog rebuild when shards changed (default hourly)
+``DATAMASK_CORPUS_CRON``   cron of the corpus schedule (``corpus_schedule``: ``corpus_job`` when
+                            shards changed since the last selection and none is in progress;
+                            on by default, daily at 00:00 UTC: ``0 0 * * *``); ``off``: no
+                            schedule
 ``DATAMASK_SENSOR_INTERVAL_S``  seconds between raw-shard sensor evaluations (default 30)
 ``DATAMASK_AUTOMATION_INTERVAL_S``  seconds between automation evaluations (default 30; what
                             one evaluation costs at 10,000 shards: README, "Scale")
@@ -84,6 +88,7 @@ ENV_QUALITY_SCORER = "DATAMASK_QUALITY_SCORER"
 ENV_AUTOMATION = "DATAMASK_AUTOMATION"
 ENV_REFRESH_CRON = "DATAMASK_REFRESH_CRON"
 ENV_CATALOG_CRON = "DATAMASK_CATALOG_CRON"
+ENV_CORPUS_CRON = "DATAMASK_CORPUS_CRON"
 ENV_AUTOMATION_INTERVAL = "DATAMASK_AUTOMATION_INTERVAL_S"
 ENV_SENSOR_INTERVAL = "DATAMASK_SENSOR_INTERVAL_S"
 ENV_FAILURE_WEBHOOK = "DATAMASK_FAILURE_WEBHOOK"

@@ -44,13 +44,24 @@ def test_sensors_tick_in_threads(where, monkeypatch):
         assert inst.get_settings("sensors")["num_workers"] == sensors["num_workers"]
 
 
-def test_no_schedule_is_left_on_dagsters_serial_default():
-    """The instance files leave schedules on Dagster's default because there is no schedule
-    (the scheduled refresh is an automation condition). A schedule added later fails this:
-    set ``schedules: use_threads`` in both instance files and the Helm values too."""
+@pytest.mark.parametrize("where", sorted(INSTANCE_DIRS))
+def test_schedules_tick_in_threads(where, monkeypatch):
+    """The corpus schedule (issue 26, point 10) is the definitions' one schedule; its
+    evaluation reads the raw location and the instance, so it ticks in a thread (Dagster's
+    default is serial), in both instance files and the Helm values."""
     from datamask_pipeline.definitions import defs
 
-    assert not list(defs.schedules or []), "set schedules: use_threads (see dagster.yaml)"
+    for var in ("DAGSTER_PG_HOST", "DAGSTER_PG_USER", "DAGSTER_PG_PASSWORD", "DAGSTER_PG_DB"):
+        monkeypatch.setenv(var, "x")
+    assert [s.name for s in defs.schedules] == ["corpus_schedule"]
+    config, _ = dagster_instance_config(str(INSTANCE_DIRS[where]))  # dagster's schema
+    assert config["schedules"]["use_threads"] is True
+    assert config["schedules"]["num_workers"] >= len(list(defs.schedules))
+    helm = _yaml(REPO / "deploy" / "helm" / "values.yaml")["dagsterDaemon"]["schedules"]
+    assert {"use_threads": helm["useThreads"], "num_workers": helm["numWorkers"]} == \
+        _yaml(REPO / "deploy" / "dagster.yaml")["schedules"]
+    with instance_for_test(overrides={"schedules": config["schedules"]}) as inst:
+        assert inst.get_settings("schedules")["use_threads"] is True
 
 
 def test_helm_values_render_the_same_sensor_settings():

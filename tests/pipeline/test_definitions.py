@@ -110,7 +110,10 @@ def test_jobs_sensor_schedule_resources():
     sensor = defs.resolve_sensor_def("raw_shard_sensor")
     assert not sensor.targets  # it registers and observes; automation launches
     assert sensor.default_status == dg.DefaultSensorStatus.STOPPED
-    assert not list(defs.schedules or [])  # the hand-written refresh schedule is retired
+    # one schedule: the corpus selection, on by default (tests/pipeline/test_corpus_schedule.py)
+    [schedule] = defs.schedules
+    assert schedule.name == "corpus_schedule" and schedule.job_name == "corpus_job"
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
     auto = defs.resolve_sensor_def("datamask_automation")
     assert auto.default_status == dg.DefaultSensorStatus.STOPPED and auto.emit_backfills
 
