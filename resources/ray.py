@@ -5,10 +5,14 @@ resources share) for a cluster that already exists: ``address`` names it (``ray:
 for the Ray Client, or ``auto`` / ``host:6379`` from a node of the cluster; env
 ``DATAMASK_RAY_ADDRESS``); unset, a local Ray is started inside the run's process.
 
-It is lazy: loading the definitions, or a step that does not use Ray, starts nothing (the
-resource's lifecycle does not connect at step start). :meth:`RayCluster.session` connects
-(``ray.init``) when a ray-engine dedup runs and disconnects afterwards, which stops a local Ray
-it started; a Ray this process had already joined is used as it is and left running.
+It is lazy: loading the definitions, or a step that does not use Ray, starts nothing.
+:meth:`RayCluster.session` connects (``ray.init``) when a ray-engine dedup runs and disconnects
+afterwards, which stops a local Ray it started; a Ray this process had already joined is used as
+it is and left running. The resource's setup never connects, whatever its ``lifecycle`` says
+(``yield_for_execution`` is overridden): dagster-ray's default lifecycle connects at every step
+start, and a ``default_factory`` lifecycle of ours did not reach the resource's config schema
+(Dagster took dagster-ray's default from it), so every corpus run started a local Ray (~8 s)
+even with engine ``local`` (issue 26, point 7).
 
 Without the ``ray`` extra (``pip install 'datamask-pipeline[ray]'``) the resource still
 loads, with the same fields, and a ray-engine run fails naming the extra.
@@ -47,14 +51,25 @@ if RayResource is not None:
         """An existing Ray cluster by address, or a local one started for the step."""
 
         address: Optional[str] = Field(default=None, description=ADDRESS_HELP)
+        # plain defaults, not default_factory: Dagster builds the resource's config schema from
+        # them (a default_factory value is not carried into it)
         lifecycle: Lifecycle = Field(
-            default_factory=lambda: Lifecycle(create=True, wait=True, connect=False,
-                                              cleanup="never"),
+            default=Lifecycle(create=True, wait=True, connect=False, cleanup="never"),
             description="Connect only when a ray-engine step asks (session()), not at every "
                         "step start; never delete the cluster (it is not ours).")
         data_execution_options: RayDataExecutionOptions = Field(
-            default_factory=lambda: RayDataExecutionOptions(verbose_progress=False,
-                                                            use_polars=False))
+            default=RayDataExecutionOptions(verbose_progress=False, use_polars=False))
+
+        @contextlib.contextmanager
+        def yield_for_execution(self, context: dg.InitResourceContext):
+            """No connection at step start, whatever ``lifecycle`` says: a step connects through
+            :meth:`session` only; one left connected is disconnected at the end."""
+            try:
+                yield self
+            finally:
+                if self._context is not None:
+                    self._context.disconnect()
+                    self._context = None
 
         @property
         def host(self) -> str:
