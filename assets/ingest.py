@@ -63,13 +63,26 @@ _TRANSIENT_S3 = re.compile(
 
 
 def _chain(exc: BaseException):
-    """``exc`` and the exceptions it was raised from (``__cause__``, else ``__context__``)."""
+    """``exc`` and the exceptions it was raised from (``__cause__``, else ``__context__``; a
+    ``dg.Failure`` raised ``from None`` is followed to its ``__context__`` too: the steps report
+    an error as one readable Failure without the chained trace, and it is still that error)."""
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         yield exc
+        follow = not exc.__suppress_context__ or isinstance(exc, dg.Failure)
         exc = exc.__cause__ if exc.__cause__ is not None else (
-            None if exc.__suppress_context__ else exc.__context__)
+            exc.__context__ if follow else None)
+
+
+def _wraps_io(e: BaseException) -> bool:
+    """A report of another error, judged by that error: a ``dg.Failure`` (the steps' readable
+    failures), and a raw file reported unreadable (``DataContractError`` of rule ``readable``)
+    because reading it failed."""
+    if isinstance(e, dg.Failure):
+        return True
+    return isinstance(e, DataContractError) and e.rule == RULE_READABLE and (
+        e.__cause__ is not None or e.__context__ is not None)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -77,18 +90,21 @@ def is_transient(exc: BaseException) -> bool:
 
     Never: an interrupt (``KeyboardInterrupt``, ``DagsterExecutionInterruptedError``: not
     ``Exception``s), an allocation error (``MemoryError``, numpy's ``_ArrayMemoryError``), bad
-    input or config (``ValueError``, ``DataContractError``, ``ConfigError``, a
-    ``dg.Failure``), or an error of the path itself (``FileNotFoundError``,
-    ``PermissionError``, ``IsADirectoryError`` ...: the next attempt meets the same path).
+    input or config (``ValueError``, ``DataContractError``, ``ConfigError``, a ``dg.Failure``
+    of its own), or an error of the path itself (``FileNotFoundError``, ``PermissionError``,
+    ``IsADirectoryError`` ...: the next attempt meets the same path).
     Transient: ``ConnectionError`` and ``TimeoutError`` (socket timeouts included), an
     ``OSError`` whose errno is in ``TRANSIENT_ERRNOS``, and pyarrow's S3 errors of a network,
-    throttling or service failure. A wrapping error (``storage.StorageError ... from exc``)
+    throttling or service failure. A wrapping error (``storage.StorageError ... from exc``, a
+    step's ``dg.Failure`` reporting it, a raw file reported unreadable because the read failed)
     is judged by what it wraps: a non-transient error anywhere in the chain wins."""
-    if not isinstance(exc, Exception) or isinstance(exc, dg.Failure):
+    if not isinstance(exc, Exception):
         return False
     found = False
     for e in _chain(exc):
-        if isinstance(e, (MemoryError, ValueError, dg.Failure)) or not isinstance(e, Exception):
+        if _wraps_io(e):
+            continue
+        if isinstance(e, (MemoryError, ValueError)) or not isinstance(e, Exception):
             return False
         if isinstance(e, (ConnectionError, TimeoutError)):
             found = True

@@ -261,3 +261,80 @@ def test_pyarrow_s3_network_errors_are_transient(monkeypatch):
     assert isinstance(exc, OSError) and "NETWORK_CONNECTION" in str(exc), repr(exc)
     assert is_transient(exc)
     assert not is_transient(OSError("AWS Error ACCESS_DENIED during HeadObject operation"))
+
+
+# ------------------------------------------------------------------ a real outage (product)
+def test_features_on_s3_ride_out_an_outage_of_the_endpoint(instance, tmp_path, monkeypatch):
+    """The product's ``features`` step on an S3 data root whose endpoint is down at the first
+    attempt (connection refused: pyarrow's NETWORK_CONNECTION, reported by the step as an
+    unreadable raw shard) and back (moto's S3 server) before the retry: the retry reads the
+    shard and the step succeeds. It was not retried before (the step's Failure said "no
+    retries", and its RetryPolicy retried every other error instead)."""
+    import logging
+    import threading
+
+    import moto.server
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+    from dagster_duckdb import DuckDBResource
+
+    from assets.ingest import features, raw_shard
+    from assets.validate import validate_features
+    from datamask_pipeline.engine.sample import make_table
+    from resources.contract import DataContract
+    from resources.storage import DataRoot
+
+    from .helpers import DIM, ROWS
+
+    port = _closed_port()
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "datamask-test",
+           "AWS_SECRET_ACCESS_KEY": "datamask-test-secret", "AWS_REGION": "us-east-1",
+           "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true",
+           "AWS_CONFIG_FILE": os.devnull, "AWS_SHARED_CREDENTIALS_FILE": os.devnull}
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    root = DataRoot(root="s3://datamask-outage/data")
+    instance.add_dynamic_partitions("shards", ["shard_000"])
+    table = make_table(ROWS, dim=DIM, seed=5)
+    server = moto.server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    back = threading.Event()
+
+    def restore_on_retry():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            runs = instance.get_runs(limit=1)
+            if runs and instance.all_logs(runs[0].run_id, of_type=RETRY):
+                server.start()  # the endpoint is back, with the shard
+                fs = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http",
+                                       region="us-east-1", access_key=env["AWS_ACCESS_KEY_ID"],
+                                       secret_key=env["AWS_SECRET_ACCESS_KEY"],
+                                       allow_bucket_creation=True)
+                fs.create_dir("datamask-outage")
+                pq.write_table(table, "datamask-outage/data/raw/shard_000.parquet", filesystem=fs)
+                back.set()
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=restore_on_retry, daemon=True)
+    watcher.start()
+    try:
+        r = dg.materialize([raw_shard, features, validate_features], partition_key="shard_000",
+                           instance=instance, raise_on_error=False,
+                           resources={"data_root": root,
+                                      "contract": DataContract(expected_dim=DIM),
+                                      "duckdb": DuckDBResource(database=":memory:")},
+                           selection=dg.AssetSelection.assets(features))
+        watcher.join(timeout=30)
+    finally:
+        if back.is_set():
+            server.stop()
+    assert back.is_set()
+    retries = _events(r, "STEP_UP_FOR_RETRY")
+    assert retries and "NETWORK_CONNECTION" in retries[0].event_specific_data.error.to_string()
+    assert r.success, [e.step_failure_data.error.to_string() for e in r.all_events
+                       if e.is_step_failure]
+    mat = r.asset_materializations_for_node("features")[0]
+    assert mat.metadata["dagster/row_count"].value == ROWS
