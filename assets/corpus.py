@@ -26,7 +26,7 @@ from pydantic import Field, create_model
 from datamask_pipeline.engine import storage
 from datamask_pipeline.engine.corpus.dedup import DEFAULT_CONTAINMENT, DEFAULT_THRESHOLD
 from datamask_pipeline.engine.config import ConfigError
-from datamask_pipeline.engine.data import DataContractError
+from datamask_pipeline.engine.data import DataContractError, raw_row_numbers
 from resources.contract import DataContract
 from resources.learner import MaskLearner
 from resources.ray import RayCluster
@@ -158,7 +158,9 @@ def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) 
 
 
 def selection_table(result, shards, data_root: DataRoot) -> pa.Table:
-    """One row per selected row: partition_key, raw_uri, row (in the raw file), id (as text)."""
+    """One row per selected row: partition_key, raw_uri, row (in the features: the raw
+    file's row unless ingestion quarantined rows, see ``engine.data.raw_row_numbers``), id (as
+    text)."""
     cols = {"partition_key": [], "raw_uri": [], "row": [], "id": []}
     for s in shards:
         rows = result.selected[s.key]
@@ -243,9 +245,15 @@ def _dedup_engine(config: DedupConfig) -> str:
     return engine
 
 
-def _raw_texts(raw_uri: str, column: str | None):
+def _raw_texts(raw_uri: str, column: str | None, features_uri: str | None = None):
+    """The raw text column, at the features' rows (their raw row numbers when ingestion
+    quarantined rows: ``engine.data.raw_row_numbers``)."""
     col = storage.read_column(raw_uri, column) if column else None
-    return None if col is None else col.combine_chunks()
+    if col is None:
+        return None
+    rows = raw_row_numbers(features_uri) if features_uri is not None else None
+    col = col.combine_chunks()
+    return col if rows is None else col.take(pa.array(rows))
 
 
 DUPLICATES = "duplicates.parquet"
@@ -345,7 +353,8 @@ def _dedup_local(config: DedupConfig, data_root: DataRoot, contract: DataContrac
                for p in parts]
     texts = None
     if config.exact or config.fuzzy:
-        got = [_raw_texts(data_root.raw_shard(s.key), contract.text_column) for s in shards_]
+        got = [_raw_texts(data_root.raw_shard(s.key), contract.text_column,
+                          data_root.features(s.key)) for s in shards_]
         if all(t is not None for t in got):
             texts = pa.chunked_array(got).combine_chunks() if len(got) > 1 else got[0]
     res = deduplicate(
@@ -597,6 +606,10 @@ def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
         m = part == key
         ids = table.column("id").filter(pa.array(m)).to_pylist()
         rows = table.column("row").filter(pa.array(m)).to_numpy()
+        # the selection's rows are the features' rows: the raw file's rows differ once
+        # ingestion quarantined some (the digest is of the raw rows, so a change of what was
+        # quarantined rewrites the subset)
+        rows = raw_row_numbers(data_root.features(key), rows)
         raw_uri = data_root.raw_shard(key)
         fs_r, p_r = storage.resolve(raw_uri)
         info = fs_r.get_file_info(p_r)
@@ -644,7 +657,7 @@ def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
 
 
 def _raw_ids_at(raw_uri: str, id_column: str, rows: np.ndarray):
-    """The raw ids at the given row numbers (the features are the raw file row for row)."""
+    """The raw ids at the given raw row numbers."""
     col = storage.read_table(raw_uri, [id_column]).column(id_column)
     return col.take(pa.array(np.asarray(rows, dtype=np.int64))).to_pylist()
 

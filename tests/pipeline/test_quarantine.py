@@ -295,3 +295,78 @@ def test_a_quarantined_row_does_not_hide_an_id_breach(tmp_path, ids, rule):
     pq.write_table(pa.table({"chunk_id": ids, "text": texts}), raw_uri)
     with pytest.raises(DataContractError, match=re.escape(rule)):
         text_rejects(raw_uri, Columns(), share=0.01)
+
+
+def test_the_corpus_maps_selected_rows_back_to_their_raw_rows(instance, data_root, resources,
+                                                              text_contract):
+    """The corpus stage over a shard with quarantined rows (the first raw row among them):
+    corpus_dedup compares each features row's own text (a planted exact copy is found, by the
+    right ids), and corpus_subset writes the raw rows the selection names, none blank."""
+    from assets.corpus import CorpusConfig, corpus_dedup, corpus_selection, corpus_subset
+
+    assets = ALL_ASSETS + [corpus_dedup, corpus_selection, corpus_subset]
+    texts = python_sentences(1200)
+    texts[750] = texts[650]  # a planted exact copy, after quarantined rows
+    blank = list(range(0, 1200, 100))  # 12 rows, 1%
+    raw = _shard(blank, texts=texts)
+    _write(data_root, raw)
+    register_shards(instance, data_root.raw_root)
+    resources = {**resources, "contract": text_contract}
+    assert dg.materialize(assets, partition_key=KEY, instance=instance, resources=resources,
+                          selection=FEATURES).success
+    result = dg.materialize(
+        assets, instance=instance, resources=resources,
+        selection=dg.AssetSelection.assets("corpus_dedup", "corpus_selection", "corpus_subset"),
+        run_config=dg.RunConfig({"corpus_selection": CorpusConfig(algorithm="Pair_simi",
+                                                                  select_rows=100)}))
+    assert result.success
+    text_of = dict(zip(raw.column("chunk_id").to_pylist(), raw.column("text").to_pylist()))
+    dups = pq.read_table(os.path.join(data_root.corpus_dir(), "duplicates.parquet")).to_pylist()
+    exact = [d for d in dups if d["reason"] == "exact"]
+    assert {frozenset((int(d["id"]), int(d["dup_of_id"]))) for d in exact} == {
+        frozenset((1650, 1750))}
+    for d in exact:
+        assert text_of[int(d["id"])] == text_of[int(d["dup_of_id"])]
+
+    sel = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    out = pq.read_table(data_root.corpus_selected(KEY))
+    assert out.num_rows == sel.num_rows == 100
+    assert sorted(out.column("chunk_id").to_pylist()) == sorted(
+        int(i) for i in sel.column("id").to_pylist())
+    assert all(t.strip() for t in out.column("text").to_pylist())
+    # the selection's row is the features' row
+    feats = pq.read_table(data_root.features(KEY))
+    rows = sel.column("row").to_numpy()
+    assert sel.column("id").to_pylist() == [str(i) for i in feats.column("id").to_numpy()[rows]]
+
+
+def test_the_ray_dedup_reads_each_features_rows_own_text(instance, data_root, resources,
+                                                          text_contract):
+    """corpus_dedup on Ray over a shard with quarantined rows: the texts are read at the
+    features' raw rows, so the duplicates are the local engine's."""
+    import ray
+
+    from assets.corpus import corpus_dedup
+
+    assets = ALL_ASSETS + [corpus_dedup]
+    texts = python_sentences(1200)
+    texts[750] = texts[650]
+    _write(data_root, _shard(list(range(0, 1200, 100)), texts=texts))
+    register_shards(instance, data_root.raw_root)
+    resources = {**resources, "contract": text_contract}
+    assert dg.materialize(assets, partition_key=KEY, instance=instance, resources=resources,
+                          selection=FEATURES).success
+
+    def dedup(**config):
+        assert dg.materialize(assets, instance=instance, resources=resources,
+                              selection=dg.AssetSelection.assets("corpus_dedup"),
+                              run_config=dg.RunConfig({"corpus_dedup": {"config": config}})).success
+        t = pq.read_table(os.path.join(data_root.corpus_dir(), "duplicates.parquet"))
+        return t.sort_by([("row", "ascending")]).drop_columns(["cosine", "containment"]).to_pylist()
+
+    local = dedup()
+    on_ray = dedup(engine="ray", ray_partitions=2)
+    assert not ray.is_initialized()
+    assert on_ray == local
+    assert {frozenset((d["id"], d["dup_of_id"])) for d in local if d["reason"] == "exact"} == {
+        frozenset(("1650", "1750"))}

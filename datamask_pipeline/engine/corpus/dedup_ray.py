@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import storage
-from ..data import RULE_EMB_NULL, RULE_EMB_RAGGED, RULE_ID_NULL, RULE_PRESENT, RULE_Q_NULL, RULE_READABLE
+from ..data import RULE_EMB_NULL, RULE_EMB_RAGGED, RULE_ID_NULL, RULE_PRESENT, RULE_Q_NULL, RULE_READABLE, RAW_ROW
 from ..errors import DataContractError
 from .dedup import (BAND_ROWS, BANDS, BOILERPLATE_MIN_DOCS, DEFAULT_CONTAINMENT,
                     DEFAULT_THRESHOLD, KMEANS_SAMPLE_ROWS, MAX_CLUSTER_ROWS, ROWS_PER_CLUSTER,
@@ -94,7 +94,8 @@ def _contract_error(exc: BaseException):
 class ShardSource:
     """Where one shard's rows come from: its features parquet (id, quality, embedding as a
     list of float32) and, for exact and fuzzy duplicates, its raw parquet and text column
-    (row i of the raw file is row i of the features). A shard's index is its position in the
+    (row i of the raw file is row i of the features, or the features' ``raw_row`` where
+    ingestion quarantined rows). A shard's index is its position in the
     list given to :func:`deduplicate_ray`."""
 
     features: str
@@ -160,14 +161,17 @@ def _plan(shards, cols: _Cols, texts_wanted: bool):
         if texts_wanted:
             rf = _open(s.raw)
             _need(rf, s.raw, (s.text_column,), "the text of exact and fuzzy deduplication")
-            if rf.metadata.num_rows != n:
+            # ingestion quarantined rows: the features carry each row's raw row number
+            # (engine.data.RAW_ROW), and the texts are read at those rows, by features group
+            mapped = RAW_ROW in pf.schema_arrow.names
+            if not mapped and rf.metadata.num_rows != n:
                 raise DataContractError(s.raw, RULE_TEXT_ROWS, column=s.text_column,
                                         detail=f"{rf.metadata.num_rows} raw rows, {n} rows in "
                                                f"{s.features}")
-            for start, rows in _groups(rf):
+            for start, rows in (groups if mapped else _groups(rf)):
                 text_items.append({"uri": str(s.raw), "column": s.text_column,
                                    "features": str(s.features), "start": start, "rows": rows,
-                                   "gid": offsets[-1] + start})
+                                   "gid": offsets[-1] + start, "mapped": mapped})
         offsets.append(offsets[-1] + n)
     return np.asarray(offsets, dtype=np.int64), feat_items, text_items
 
@@ -222,8 +226,16 @@ def _read_features(batch: dict, cols: _Cols, dim: int | None) -> dict:
 def _read_texts(batch: dict, cols: _Cols) -> pa.Table:
     (uri,), (column,), (feat,) = batch["uri"], batch["column"], batch["features"]
     start, rows, gid = int(batch["start"][0]), int(batch["rows"][0]), int(batch["gid"][0])
-    text = _read_rows(uri, (column,), start, rows).column(column)
-    rank = _rank_cols(_read_rows(feat, (cols.id, cols.quality), start, rows), feat, cols, start)
+    if bool(batch["mapped"][0]):  # features rows [start, start + rows) at their raw rows
+        f = _read_rows(feat, (cols.id, cols.quality, RAW_ROW), start, rows)
+        raw = f.column(RAW_ROW).to_numpy()
+        lo = int(raw[0]) if raw.size else 0
+        span = _read_rows(uri, (column,), lo, int(raw[-1]) + 1 - lo if raw.size else 0)
+        text = span.column(column).take(pa.array(raw - lo))
+    else:
+        f = _read_rows(feat, (cols.id, cols.quality), start, rows)
+        text = _read_rows(uri, (column,), start, rows).column(column)
+    rank = _rank_cols(f, feat, cols, start)
     return pa.table({"gid": pa.array(rank["gid"] + (gid - start)), "q": pa.array(rank["q"]),
                      "id": pa.array(rank["id"], pa.string()),
                      "text": pc.cast(text, pa.large_string())})
