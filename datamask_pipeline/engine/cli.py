@@ -310,7 +310,7 @@ def announce(shard, cfg: LearnerConfig, device, threads: tuple, dtype, stream=No
     cost = learning_cost(shard, cfg, device, dtype)
     if cost is None:
         print("train_mask: no learning steps on this route (seconds to minutes of selection "
-              "and polish, see the README's Measured section)", file=stream)
+              "and polish, see docs/measured.md)", file=stream)
         return None
     print(f"train_mask: {cost['steps']:,} learning steps of {cfg.n_rollout} masks of "
           f"{sz['k_batch']:,} from batches of {sz['batch']:,} rows; "
