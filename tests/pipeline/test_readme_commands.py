@@ -6,8 +6,9 @@ new shell without DAGSTER_HOME (a warning naming the fix).
 * item 3: every ``dagster sensor`` command of the README runs, and starts or stops the sensor
   in the code location ``dagster dev -w workspace.yaml`` runs (``datamask``), not in one named
   after the module, which no daemon of ours would run;
-* item 8: the README's way of re-running many shards queues one run per shard in the
-  ``datamask`` location (for the daemon), from a list or from ``plan --keys``;
+* item 8: the docs' way of re-running many shards queues one run per shard in the
+  ``datamask`` location (for the daemon) from a list, and ``plan --launch`` records one asset
+  backfill of exactly the shards the dry run lists;
 * item 19: without DAGSTER_HOME, ``dagster asset materialize`` and ``dg launch`` say which
   ``export`` line to run.
 """
@@ -95,20 +96,33 @@ def test_readme_sensor_commands_run_and_reach_the_daemons_location(home_env):
 
 
 def test_readme_backfill_commands_queue_one_run_per_shard(home_env):
+    """docs/operate.md's "Re-run many shards": the job backfill of the shards named queues one
+    run per shard; ``plan --launch`` records ONE asset backfill of exactly the shards the dry
+    run lists (here both: never ingested), of the default scope's step (``features``), for the
+    daemon to run."""
     lines = readme_commands("dagster job backfill")
-    assert len(lines) == 2 and all("-w workspace.yaml" in ln for ln in lines), lines
-    for line in lines:
-        _ok(line, home_env)
+    assert len(lines) == 1 and "-w workspace.yaml" in lines[0], lines
+    launch = readme_commands("datamask_pipeline.plan --launch")
+    assert len(launch) == 1, launch
+    out = _ok(launch[0].split(" #")[0], home_env)
+    assert "launched backfill" in out, out
+    # with every listed shard in progress (the backfill holds them), nothing more is launched
+    again = _ok(launch[0].split(" #")[0], home_env)
+    assert "launched nothing" in again and "in progress" in again, again
+    _ok(lines[0], home_env)
     with dg.DagsterInstance.from_config(home_env["DAGSTER_HOME"]) as inst:
-        backfills = inst.get_backfills()
+        backfills = {b.tags.get("datamask/launched_by", "cli"): b for b in inst.get_backfills()}
         runs = inst.get_runs()
-    assert sorted(sorted(b.partition_names) for b in backfills) == [
-        ["shard_000", "shard_001"], ["shard_000", "shard_001"]]  # named; from `plan --keys`
-    assert len(runs) == 4
-    # the named shards' chain; the dry run's shards (default scope: corpus) their features
-    assert sorted(r.job_name for r in runs) == ["datamask_job"] * 2 + ["features_job"] * 2
+    assert sorted(backfills) == ["cli", "plan"], backfills
+    assert sorted(backfills["cli"].partition_names) == ["shard_000", "shard_001"]
+    target = backfills["plan"].asset_backfill_data.target_subset
+    assert {(k.to_user_string(), p) for k, p in target.iterate_asset_partitions()} == {
+        ("features", "shard_000"), ("features", "shard_001")}
+    # the job backfill's runs are queued for the daemon (not run in the shell); the asset
+    # backfill's runs are the daemon's to create
+    assert sorted(r.job_name for r in runs) == ["datamask_job"] * 2
     for run in runs:
-        assert run.status == dg.DagsterRunStatus.QUEUED  # for the daemon, not run in the shell
+        assert run.status == dg.DagsterRunStatus.QUEUED
         assert run.tags["dagster/code_location"] == "datamask"
 
 
