@@ -264,7 +264,8 @@ TEXT_UTF8 = R("text is valid UTF-8", (TEXT,), "rows",
               arrow=_invalid_utf8, operand="column")
 TEXT_BLANK = R("non-blank text", (TEXT,), "rows",
                "no text is empty or whitespace only: it would embed to a zero or meaningless "
-               "vector, and every row must stay selectable, so such rows are named, not dropped",
+               "vector, so such a row is never embedded (quarantined by the pipeline's "
+               "ingestion, up to quarantine_share; named by train_mask)",
                arrow=_blank, operand="column")
 del R
 

@@ -75,4 +75,5 @@ def test_readme_says_sensors_tick_in_threads():
     from tests.doc_pages import flat
 
     text = flat("operate.md")
-    assert "Sensors tick in threads (`sensors: use_threads` in both instance files)" in text
+    assert ("Sensors and the corpus schedule tick in threads (`sensors:`/`schedules: use_threads` "
+            "in both instance files)") in text
