@@ -32,10 +32,11 @@ import torch
 
 from ..config import ConfigError, LearnerConfig
 from .budget import CorpusBudget, allocate, fit_tokens
+from .parts import Part, _arrays, _ratio_for, _select_part  # noqa: F401 (Part: public here too)
 from .stats import HAS_STATS
 
 __all__ = ["CorpusShard", "CorpusSelection", "MODES", "select_corpus", "block_of",
-           "GATHER_MAX_ROWS"]
+           "GATHER_MAX_ROWS", "Part"]
 
 MODES = ("auto", "gather", "exchange", "per_shard", "random_blocks")
 GATHER_MAX_ROWS = 1_000_000
@@ -157,10 +158,6 @@ class CorpusSelection:
 
 
 # ------------------------------------------------------------------ helpers
-def _arrays(sh):
-    return sh.embeddings, sh.quality, sh.ids
-
-
 class _Gathered:
     """Shards concatenated into one shard-like object, its rows in order of the original id
     (so the result does not depend on how the corpus was cut into files), with its position
@@ -181,36 +178,6 @@ class _Gathered:
             self.quality[pos[s:s + m]] = p.quality
             s += m
         self.ids = np.arange(n, dtype=np.int64)
-
-
-def _ratio_for(k: int, n: int) -> float:
-    """A select_ratio r with round(r · n) == k exactly."""
-    from ..config import n_select
-
-    r = k / n
-    for nudge in (0.0, 1e-12, -1e-12, 1e-9, -1e-9):
-        if n_select(r + nudge, n) == k:
-            return r + nudge
-    raise AssertionError(f"no ratio gives k={k} of n={n}")  # pragma: no cover
-
-
-def _select_part(shard, k: int, cfg: LearnerConfig, device, mem_budget):
-    """k rows of one part (shard or block): (row numbers, route)."""
-    from ..baselines import quality_topk
-    from ..select import select_shard
-
-    n = int(shard.embeddings.shape[0])
-    if k <= 0:
-        return np.zeros(0, dtype=np.int64), "empty"
-    if k >= n:
-        return np.arange(n, dtype=np.int64), "all"
-    min_k = max(cfg.diversity_term().min_k, 1)
-    if k < min_k or n - k < 1:
-        return (np.sort(quality_topk(shard.quality, k, shard.ids)),
-                "topk (k below the term's minimum)")
-    sel = select_shard(shard, cfg.replace(select_ratio=_ratio_for(k, n)), device=device,
-                       mem_budget=mem_budget, references=False)
-    return sel.indices, sel.route
 
 
 def _splitmix64(v: np.ndarray) -> np.ndarray:
@@ -568,20 +535,3 @@ def _random_blocks(parts, k, cfg, dev, mem_budget, n_blocks, log):
         log(f"corpus: random block {b}: {sel.size:,} of {rows.size:,} rows ({r})")
     return (np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64),
             ", ".join(sorted(set(routes.values()))), routes)
-
-
-@dataclass
-class Part:
-    """A shard's arrays in memory (what a ``CorpusShard.load`` may return)."""
-
-    embeddings: np.ndarray
-    quality: np.ndarray
-    ids: np.ndarray
-
-    @property
-    def n(self):
-        return int(self.embeddings.shape[0])
-
-    @property
-    def d(self):
-        return int(self.embeddings.shape[1])

@@ -20,6 +20,7 @@ import torch
 
 from .budget import allocate
 from .checkpoint import RunState
+from .parts import _select_part
 from .exchange import (finished, gains_of, next_candidates, shard_candidates, statistics_of,
                        swap_search)
 from .stats import HAS_STATS, stats_for
@@ -95,7 +96,6 @@ def task_start(ctx: RunContext, i: int, shard, k: int, warm):
     """The shard's start selection (its own k rows by the shard solver, the rows of an earlier
     attempt's state, or ``warm`` rows), saved as version 0, with its statistics and the
     range of its quality."""
-    from .select import _select_part
     from ..device import resolve_device
 
     done = ctx.state.load_rows(i, 0)
