@@ -19,6 +19,7 @@ from dagster._core.scheduler.instigation import TickStatus
 from dagster._core.test_utils import freeze_time
 
 from datamask_pipeline import automation, plan, schedules
+from datamask_pipeline.plan import cli as plan_cli
 
 from .helpers import KEYS
 from .test_plan_operator import (QUEUED, corpus_run, features_of, rewrite,  # noqa: F401
@@ -55,10 +56,10 @@ def test_the_schedule_is_in_the_definitions_running_by_default(monkeypatch):
 def test_the_dry_run_says_when_the_schedule_next_fires(instance, monkeypatch):
     monkeypatch.delenv("DATAMASK_CORPUS_CRON", raising=False)
     now = datetime(2026, 12, 5, 11, 0, tzinfo=timezone.utc).timestamp()
-    line = plan.schedule_line(instance, now=now)
+    line = plan_cli.schedule_line(instance, now=now)
     assert "next fires 2026-12-06 00:00 UTC (in 13.0 h)" in line
     monkeypatch.setenv("DATAMASK_CORPUS_CRON", "0 3 * * *")
-    assert "next fires 2026-12-06 03:00 UTC (in 16.0 h)" in plan.schedule_line(instance, now=now)
+    assert "next fires 2026-12-06 03:00 UTC (in 16.0 h)" in plan_cli.schedule_line(instance, now=now)
 
 
 def _scheduler(ctx, at):
@@ -125,7 +126,7 @@ def test_the_scheduler_launches_the_corpus_job_only_when_due(
 
         # a shard changed and relaunched as a backfill (in progress): the selection waits
         rewrite(data_root, KEYS[0], 31)
-        assert plan.main(["--launch"], instance=inst) == 0
+        assert plan_cli.main(["--launch"], instance=inst) == 0
         t = tick(4)
         assert t.status == TickStatus.SKIPPED
         assert "waits: 1 shard(s) in progress" in t.skip_reason
@@ -139,7 +140,7 @@ def test_the_scheduler_launches_the_corpus_job_only_when_due(
         assert t.status == TickStatus.SUCCESS, t.skip_reason
         assert len(_corpus_runs(inst)) == 2
 
-    rc = plan.main([], instance=inst)
+    rc = plan_cli.main([], instance=inst)
     out = capsys.readouterr().out
     assert rc == 0 and "corpus schedule (corpus_schedule, 0 0 * * * UTC" in out
     assert "next fires" in out

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pyarrow.parquet as pq
 
 from datamask_pipeline import plan
+from datamask_pipeline.plan import cli as plan_cli
 from datamask_pipeline.engine.sample import make_table
 
 from .helpers import DIM, ROWS
@@ -73,5 +74,5 @@ def test_keys_output_is_what_a_backfill_takes(registered, run_chain, instance, d
     assert sorted(p.reasons) == [b, c]
     monkeypatch.setattr(plan.dg.DagsterInstance, "get", staticmethod(lambda: instance))
     monkeypatch.setenv("DAGSTER_HOME", instance.root_directory)
-    assert plan.main(["--keys"]) == 0
+    assert plan_cli.main(["--keys"]) == 0
     assert capsys.readouterr().out.strip() == f"{b},{c}"

@@ -25,6 +25,7 @@ from dagster._core.workspace.load_target import InProcessWorkspaceLoadTarget
 from assets.corpus import corpus_dedup, corpus_selection, corpus_subset
 from assets.partitions import register_shards
 from datamask_pipeline import plan
+from datamask_pipeline.plan import cli as plan_cli
 from datamask_pipeline.engine.sample import make_table
 
 from .helpers import ALL_ASSETS, DIM, KEYS, ROWS
@@ -70,7 +71,7 @@ def rewrite(data_root, key, seed):
 
 def dry_run(instance, capsys, *argv) -> tuple:
     """(exit code, stdout, stderr) of ``python -m datamask_pipeline.plan ARGV`` on ``instance``."""
-    rc = plan.main(list(argv), instance=instance)
+    rc = plan_cli.main(list(argv), instance=instance)
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -169,7 +170,7 @@ def test_during_a_queued_backfill_its_shards_are_in_progress_not_gone(
     for i, key in enumerate(KEYS[:2]):
         rewrite(data_root, key, 20 + i)
     assert sorted(plan.plan(inst, data_root).reasons) == KEYS[:2]
-    plan.main(["--launch"], instance=inst)
+    plan_cli.main(["--launch"], instance=inst)
     capsys.readouterr()
 
     def check(what):

@@ -48,10 +48,8 @@ the number of shards (``bench/orchestration.py`` measures it up to 10,000 shards
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -481,7 +479,7 @@ def render(p: Plan, limit: int = 20) -> str:
     return "\n".join(lines)
 
 
-def launch(instance: dg.DagsterInstance, p: Plan, asset_graph=None) -> str | None:
+def launch(instance: dg.DagsterInstance, p: Plan, asset_graph) -> str | None:
     """Launch exactly the shards ``p`` lists (``p.reasons``) as ONE asset backfill of the
     scope's steps (``CHAINS[p.scope]``, their blocking checks with them), with Dagster's own
     backfill API (what the UI's launch of several partitions creates; the daemon runs it).
@@ -489,10 +487,6 @@ def launch(instance: dg.DagsterInstance, p: Plan, asset_graph=None) -> str | Non
     keys = sorted(p.reasons)
     if not keys:
         return None
-    if asset_graph is None:
-        from datamask_pipeline.definitions import defs
-
-        asset_graph = defs.resolve_asset_graph()
     steps = [a.key for a in CHAINS[p.scope]]
     backfill = PartitionBackfill.from_asset_partitions(
         backfill_id=make_new_backfill_id(),
@@ -510,74 +504,3 @@ def launch(instance: dg.DagsterInstance, p: Plan, asset_graph=None) -> str | Non
     )
     instance.add_backfill(backfill)
     return backfill.backfill_id
-
-
-def schedule_line(instance: dg.DagsterInstance, now: float | None = None) -> str:
-    """When the corpus schedule next fires, or why it does not (off, stopped in the UI)."""
-    from datamask_pipeline import schedules
-
-    return schedules.describe(instance, now=now)
-
-
-def main(argv=None, instance: dg.DagsterInstance | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m datamask_pipeline.plan",
-                                 description="Dry run: the shards a refresh would launch, why, "
-                                 "and an estimate of the device-hours; whether the corpus "
-                                 "selection is due and when its schedule fires. Launches nothing "
-                                 "unless --launch.")
-    out_fmt = ap.add_mutually_exclusive_group()
-    out_fmt.add_argument("--json", action="store_true", help="print the plan as JSON")
-    out_fmt.add_argument("--keys", action="store_true",
-                         help="print only the shards that need a run, comma-separated; with "
-                         "none, print nothing and exit 1 (an empty `dagster job backfill "
-                         "--partitions \"\"` would backfill every shard)")
-    out_fmt.add_argument("--launch", action="store_true",
-                         help="launch exactly the shards listed, as one backfill of the "
-                         "automation scope's steps (run by the daemon); none listed: nothing")
-    ap.add_argument("--limit", type=int, default=20, help="shards listed in the text output")
-    args = ap.parse_args(argv)
-
-    from datamask_pipeline import settings
-
-    if instance is None:
-        settings.ensure_dagster_home()
-        instance = dg.DagsterInstance.get()
-    data_root = DataRoot(root=settings.data_root(), raw=settings.raw_root())
-    # one raw listing and one query of the features' records serve both plans
-    raw = raw_files(data_root)
-    keys = sorted(instance.get_dynamic_partitions(PARTITIONS_NAME))
-    feats = _latest_records(instance, features.key, keys)
-    p = plan(instance, data_root, raw=raw, records={features.key: feats})
-    if args.keys:
-        if not p.reasons:
-            print("nothing to run: no shard is listed (an empty --partitions would backfill "
-                  "every shard; nothing printed)", file=sys.stderr)
-            return 1
-        print(",".join(sorted(p.reasons)))
-        return 0
-    if args.launch:
-        print(render(p, args.limit))
-        backfill_id = launch(instance, p)
-        if backfill_id is None:
-            print("launched nothing: no shard needs a run")
-        else:
-            print(f"launched backfill {backfill_id}: {len(p.reasons)} shard(s) of "
-                  f"{' -> '.join(a.key.to_user_string() for a in CHAINS[p.scope])} (the "
-                  "daemon runs it: dagster dev, or dagster-daemon run; UI: Overview > "
-                  "Backfills)")
-        print("the corpus selection is not launched here: its schedule or "
-              "`dagster job launch -j corpus_job`")
-        return 0
-    busy = {**p.in_progress} if p.scope == "corpus" else None
-    c = corpus_plan(instance, data_root, features_records=feats, raw=raw, busy=busy)
-    sched = schedule_line(instance)
-    if args.json:
-        print(json.dumps({**p.as_dict(), "corpus": {**c, "schedule": sched}}, indent=2,
-                         sort_keys=True))
-    else:
-        print(render(p, args.limit) + "\n" + render_corpus(c, args.limit, schedule=sched))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
