@@ -42,7 +42,7 @@ def generate(workdir: str, rows: int, shards: int, dim: int, seed: int = 0,
     centres = np.random.default_rng(seed).standard_normal((CENTERS, dim)).astype(np.float32)
     bases = []
     for i in range(shards):
-        base = os.path.join(workdir, f"{cut}-{rows}-{dim}-{i:05d}")
+        base = os.path.join(workdir, f"{cut}-{rows}x{dim}-of{shards}-{i:05d}")
         if not os.path.exists(base + ".q.npy"):
             rng = np.random.default_rng([seed, i])
             if cut == "sorted_by_quality":  # quality band i of the corpus (best first)
@@ -125,6 +125,49 @@ def run_scale(rows: int, shards: int, dim: int, workers: int, workdir: str, term
         "worker_peak_rss_bytes": sorted(workers_peak.values()),
         "cpu": cpu_model(),
     }
+
+
+RESULTS_GLOB = "bench/results/results_corpus_ray_*.json"
+
+
+def load_results(pattern: str = RESULTS_GLOB) -> tuple[list, list]:
+    """(scale runs, speedup runs) recorded under bench/results."""
+    import glob
+
+    scale, speed = [], []
+    for f in sorted(glob.glob(pattern)):
+        with open(f) as fh:
+            r = json.load(fh)
+        (speed if "reps" in r else scale).append(r)
+    return sorted(scale, key=lambda r: (r["cut"], r["rows"])), speed
+
+
+def table_markdown(scale: list, speed: list) -> str:
+    """docs/measured.md's table of the recorded runs (tested against the page)."""
+    g = 2 ** 30
+    lines = ["| cut | rows × d (shards) | workers | wall | per-shard selections | rounds (s each) | "
+             "scoring | coordinator peak RSS | worker peak RSS | f: exchange / per-shard / quality top-k |",
+             "|---|---|---:|---:|---:|---|---:|---:|---:|---|"]
+    for r in scale:
+        t = r["timings"]
+        per = (r.get("per_shard_scores") or {}).get("selection", {}).get("f")
+        if per is None and r["rounds"]:
+            per = r["rounds"][0]["f_before"]  # the exchange's start: each shard alone
+        secs = ", ".join(f"{x['seconds']:.0f}" for x in r["rounds"])
+        lines.append(
+            f"| {r['cut']} | {r['rows']:,} × {r['dim']} ({r['shards']:,}) | {r['workers']} | "
+            f"{r['wall_s']:.0f} s | {t['shards_s']:.0f} s | {len(r['rounds'])} "
+            f"({secs}) | "
+            f"{t['score_s']:.0f} s | {r['coordinator_peak_rss_bytes'] / g:.2f} GiB | "
+            f"{max(r['worker_peak_rss_bytes']) / g:.2f} GiB | "
+            f"{r['scores']['selection']['f']:.6f} / {'-' if per is None else f'{per:.6f}'} / "
+            f"{r['scores']['quality_topk']['f']:.6f} |")
+    for s in speed:
+        lines += ["", f"1 → 2 Ray workers, {s['rows']:,} rows in {s['shards']} shards, "
+                  f"{len(s['reps']) // 2} interleaved pairs: speedup "
+                  f"{', '.join(f'{x:.2f}' for x in s['speedup_per_pair'])} per pair "
+                  f"(median {s['speedup_median']:.2f})."]
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:

@@ -179,6 +179,7 @@ def test_sizing_md_shows_what_the_script_prints(sizing):
     assert sizing.large_shard_table() in doc
     assert sizing.embed_table() in doc
     assert sizing.corpus_stage_table() in doc
+    assert sizing.corpus_tasks_table() in doc
     assert sizing.dedup_table() in doc
     assert sizing.rates_table(sizing.load_bench_rates()) in doc
 
@@ -223,6 +224,25 @@ def test_corpus_stage_table_scales_the_measured_run(sizing, tmp_path):
     assert row.startswith("| sorted_by_quality, Pair_simi | 10,000,000 × 256 | 10.0 | 4.0 | 3 | 6 |")
     assert "| 80 per side |" in row and "4,000,000 rows" in row and row.endswith("| 100 s |")
     assert "not measured" in sizing.corpus_stage_table(str(tmp_path / "none*.json"))
+
+
+def test_corpus_tasks_table_extends_the_per_task_costs(sizing, tmp_path):
+    (tmp_path / "results_corpus_ray_x.json").write_text(json.dumps({
+        "cut": "random_blocks", "term": "Pair_simi", "rows": 100_000_000, "shards": 1000,
+        "dim": 16, "workers": 2, "timings": {"shards_s": 50.0},
+        "rounds": [{"seconds": 10.0}, {"seconds": 30.0}, {"seconds": 20.0}],
+        "coordinator_peak_rss_bytes": 1.5 * sizing.GIB,
+        "worker_peak_rss_bytes": [0.5 * sizing.GIB, 0.7 * sizing.GIB]}))
+    (tmp_path / "results_corpus_ray_speedup_x.json").write_text(json.dumps({"reps": []}))
+    table = sizing.corpus_tasks_table(str(tmp_path / "results_corpus_ray_*.json"), rows=1e10,
+                                      shards=25_000, workers=1_000)
+    row = table.splitlines()[2]
+    # 50 s x 2 workers / 1,000 shards = 0.1 worker-s per 10^5-row shard; median round 20 s -> 0.04;
+    # at 4*10^5 rows per shard (x4), 25 waves of 1,000 workers: 10 s and 4 s
+    assert row == ("| random_blocks, Pair_simi | 100,000,000 × 16 (1,000) | 1.50 GiB | 0.70 GiB | "
+                   "0.100 | 0.040 | 3 | 10 s | 4 s |")
+    assert "16 candidates each way" in table
+    assert "not measured" in sizing.corpus_tasks_table(str(tmp_path / "none*.json"))
 
 
 def test_dedup_table_scales_the_measured_run(sizing, tmp_path):
