@@ -421,7 +421,7 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
     import tempfile
 
     from .checkpoint import RunState
-    from .sharded import RunContext, ShardedRun
+    from .sharded import RunContext, ShardedRun, task_quality, task_rows
 
     notes: list = []
     identity = {"config": cfg.config_hash(), "mode": chosen, "k": k, "candidates": candidates,
@@ -469,12 +469,12 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
                                        got["largest_document"])
         t1 = time.perf_counter()
         if fits:
-            selected_kept = run.ex.map(_task_rows_kept, [(i, run.versions[i])
+            selected_kept = run.ex.map(task_rows, [(i, run.versions[i])
                                                           for i in range(len(shards))],
                                        shared=ctx)
             offsets = np.cumsum([0] + [s.n for s in shards])
             glob = np.concatenate([r + offsets[i] for i, r in enumerate(selected_kept)])
-            q_all = np.concatenate(ex.map(_task_quality, [(s,) for s in shards]))
+            q_all = np.concatenate(ex.map(task_quality, [(s,) for s in shards]))
             rng = np.random.default_rng(cfg.seed)
             sets = {"selection": glob, "quality_topk": _global_topk(q_all, run.k),
                     "random": np.sort(rng.choice(n, size=run.k, replace=False))}
@@ -497,14 +497,6 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
             shutil.rmtree(temp, ignore_errors=True)
     return (selected, route, scores, scored_by, rounds, converged, dict(run.routes),
             tokens_info, notes)
-
-
-def _task_rows_kept(ctx, i, version):
-    return ctx.state.load_rows(i, version)[0]
-
-
-def _task_quality(_, shard):
-    return np.asarray(shard.load().quality, dtype=np.float64)
 
 
 def _select_gathered(g: _Gathered, k: int, cfg, dev, mem_budget):
