@@ -67,9 +67,13 @@ if RayResource is not None:
             try:
                 yield self
             finally:
-                if self._context is not None:
-                    self._context.disconnect()
-                    self._context = None
+                self._disconnect()
+
+        def _disconnect(self) -> None:
+            """Disconnect from the cluster this resource connected to, if it did."""
+            if self._context is not None:
+                self._context.disconnect()
+                self._context = None
 
         @property
         def host(self) -> str:
@@ -107,9 +111,7 @@ if RayResource is not None:
             try:
                 yield self
             finally:
-                if self._context is not None:
-                    self._context.disconnect()
-                    self._context = None
+                self._disconnect()
 
 else:
 
