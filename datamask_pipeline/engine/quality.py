@@ -55,11 +55,8 @@ __all__ = ["Scorer", "ScorerError", "HeuristicScorer", "FastTextScorer", "HFClas
 DEFAULT_SCORER = "heuristic"
 # Bump when the signals, their ramps or their combination change: it is part of the scorer's
 # version, so every features file scored by the old one goes stale.
-HEURISTIC_VERSION = "1"
+HEURISTIC_VERSION = "2"
 DEFAULT_CHUNK_ROWS = 8192
-# Characters of a text that are scored (bounded cost per row; the signals are fractions and
-# saturate long before this, except the word count, which counts up to it).
-MAX_CHARS = 100_000
 
 
 class ScorerError(ConfigError):
@@ -67,250 +64,10 @@ class ScorerError(ConfigError):
 
 
 # ------------------------------------------------------------------ signals
-# Gopher's stop words (Rae et al. 2021: a document must hold at least two of them).
-STOP_WORDS = ("the", "be", "to", "of", "and", "that", "have", "with")
-# Function words: in English an article is almost never followed by one of these; in a word
-# salad (shuffled words, keyword lists) it often is. The word-order signal counts that.
-ARTICLES = ("the", "a", "an")
-FUNCTION_WORDS = ("the", "a", "an", "of", "to", "and", "in", "is", "that", "for", "it", "on",
-                  "was", "with", "as", "be", "by", "at", "or", "are", "this", "from")
-BULLETS = r"^\s*([-*•‣◦▪●·–—>]|\d+[.)])\s"
-# punctuation stripped from a word's ends before its length and stop-word test
-_PUNCT = "\"'()[]{}<>.,;:!?`*_-–—…«»“”‘’/\\|#"
-
-
-@dataclass(frozen=True)
-class Signal:
-    """One quality signal: ``bad`` and ``good`` are the values at which its pass degree is 0
-    and 1 (a linear ramp between them; ``good < bad`` for a signal where less is better), from
-    the published filters' thresholds where they have one (``source``)."""
-
-    name: str
-    description: str
-    bad: float
-    good: float
-    source: str
-
-    def degree(self, x: np.ndarray) -> np.ndarray:
-        return np.clip((np.asarray(x, np.float64) - self.bad) / (self.good - self.bad), 0.0, 1.0)
-
-
-SIGNALS = (
-    Signal("word_count", "words (whitespace-separated), log-scaled ramp", 10, 50,
-           "Gopher: 50 <= words <= 100,000"),
-    Signal("mean_word_length", "distance of the mean word length (punctuation trimmed) from "
-           "3..10 characters", 2.0, 0.0, "Gopher: 3 <= mean word length <= 10"),
-    Signal("alpha_words", "fraction of words with an alphabetic character", 0.5, 0.8,
-           "Gopher: >= 80 % of words"),
-    Signal("stop_words", "Gopher stop words (the, be, to, of, and, that, have, with) per 100 "
-           "words", 0.5, 4.0, "Gopher: >= 2 stop words"),
-    Signal("symbol_ratio", "'#' and ellipses ('...', '…') per word", 0.1, 0.02,
-           "Gopher: <= 0.1"),
-    Signal("bullet_lines", "fraction of non-empty lines starting with a bullet", 0.9, 0.5,
-           "Gopher: <= 90 %"),
-    Signal("ellipsis_lines", "fraction of non-empty lines ending in an ellipsis", 0.3, 0.1,
-           "Gopher: <= 30 %"),
-    Signal("punct_lines", "fraction of non-empty lines ending in terminal punctuation "
-           "(. ! ? : \" ')", 0.1, 0.4, "C4 keeps only such lines; FineWeb: >= 12 %"),
-    Signal("short_lines", "fraction of non-empty lines under 30 characters", 0.8, 0.5,
-           "FineWeb: <= 67 %"),
-    Signal("dup_lines", "fraction of non-empty lines that repeat an earlier line", 0.3, 0.05,
-           "Gopher: <= 30 %; FineWeb: <= 10 % of characters"),
-    Signal("top_2gram", "share of the word 2-grams taken by the most frequent one", 0.2, 0.05,
-           "Gopher: <= 20 % (by characters)"),
-    Signal("dup_5gram", "fraction of word 5-grams that occur more than once", 0.5, 0.15,
-           "Gopher: <= 15 % (by characters)"),
-    Signal("article_function", "fraction of articles (the, a, an) followed by a function "
-           "word (a word-order check: high in shuffled words and keyword lists)", 0.25, 0.03,
-           "ours"),
-)
-SIGNAL_BY_NAME = {s.name: s for s in SIGNALS}
-
-
-def _as_text(texts) -> pa.Array:
-    if isinstance(texts, pa.ChunkedArray):
-        texts = texts.combine_chunks()
-    if not isinstance(texts, pa.Array):
-        texts = pa.array(list(texts), pa.large_string())
-    if not pa.types.is_large_string(texts.type):
-        texts = texts.cast(pa.large_string())
-    return pc.fill_null(texts, "")
-
-
-def _per_doc(offsets: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Sums of ``values`` between consecutive ``offsets`` (one per document, 0 when empty)."""
-    csum = np.concatenate([[0.0], np.cumsum(values, dtype=np.float64)])
-    return csum[offsets[1:]] - csum[offsets[:-1]]
-
-
-def _offsets(lists: pa.Array) -> np.ndarray:
-    return np.asarray(lists.offsets.to_numpy(zero_copy_only=False), np.int64) - int(
-        lists.offsets[0].as_py())
-
-
-def _ratio(num, den, empty=0.0) -> np.ndarray:
-    num, den = np.asarray(num, np.float64), np.asarray(den, np.float64)
-    return np.where(den > 0, num / np.maximum(den, 1), empty)
-
-
-def _codes(values: pa.Array) -> np.ndarray:
-    """One int64 code per value, equal for equal values."""
-    enc = pc.dictionary_encode(values).combine_chunks() if isinstance(
-        values, pa.ChunkedArray) else pc.dictionary_encode(values)
-    return np.asarray(enc.indices.to_numpy(zero_copy_only=False), np.int64)
-
-
-def _repeat_fractions(doc: np.ndarray, codes: np.ndarray, starts: np.ndarray, n: int,
-                      n_docs: int) -> tuple[np.ndarray, np.ndarray]:
-    """For word n-grams inside each document: (fraction of n-gram positions whose n-gram occurs
-    more than once in the document, share of the most frequent n-gram)."""
-    m = len(codes)
-    if m < n:  # a text of fewer than n words has no n-gram: both fractions are 1 (fails)
-        return np.ones(n_docs), np.ones(n_docs)
-    pos = np.arange(m - n + 1)
-    valid = doc[pos] == doc[pos + n - 1]  # the n-gram does not cross a document boundary
-    pos = pos[valid]
-    if not len(pos):
-        return np.ones(n_docs), np.ones(n_docs)
-    h = np.zeros(len(pos), np.uint64)
-    with np.errstate(over="ignore"):
-        for j in range(n):
-            h = h * np.uint64(1_000_003) + codes[pos + j].astype(np.uint64)
-        h = h * np.uint64(2_654_435_761) + doc[pos].astype(np.uint64)
-    _, inv, counts = np.unique(h, return_inverse=True, return_counts=True)
-    d = doc[pos]
-    total = np.bincount(d, minlength=n_docs)
-    dup = np.bincount(d, weights=(counts[inv] > 1), minlength=n_docs)
-    top = np.zeros(n_docs)
-    np.maximum.at(top, d, counts[inv].astype(np.float64))
-    return _ratio(dup, total, empty=1.0), _ratio(top, total, empty=1.0)
-
-
-def signals(texts) -> dict:
-    """The raw value of every signal in :data:`SIGNALS` for each text, vectorised over the
-    batch (pyarrow.compute and numpy; nothing loops over rows in Python). Returns
-    ``{name: float64 (n,)}``. A text is read up to :data:`MAX_CHARS` characters."""
-    text = _as_text(texts)
-    n = len(text)
-    text = pc.utf8_slice_codeunits(text, 0, MAX_CHARS)
-    out = {}
-    # words
-    words_l = pc.utf8_split_whitespace(text)
-    w_off = _offsets(words_l)
-    words = pc.list_flatten(words_l)
-    n_words = np.diff(w_off).astype(np.float64)
-    doc = np.repeat(np.arange(n), np.diff(w_off))
-    out["word_count"] = n_words
-    trimmed = pc.utf8_trim(words, _PUNCT)
-    lengths = np.asarray(pc.utf8_length(trimmed).to_numpy(zero_copy_only=False), np.float64)
-    mwl = _ratio(_per_doc(w_off, lengths), n_words)
-    out["mean_word_length"] = np.where(n_words > 0, np.maximum(3.0 - mwl, 0) + np.maximum(
-        mwl - 10.0, 0), 3.0)
-    alpha = np.asarray(pc.match_substring_regex(words, r"[^\W\d_]").to_numpy(
-        zero_copy_only=False), np.float64)
-    out["alpha_words"] = _ratio(_per_doc(w_off, alpha), n_words)
-    lower = pc.utf8_lower(trimmed)
-    stop = np.asarray(pc.is_in(lower, pa.array(STOP_WORDS)).to_numpy(zero_copy_only=False),
-                      np.float64)
-    out["stop_words"] = 100.0 * _ratio(_per_doc(w_off, stop), n_words)
-    n_sym = (np.asarray(pc.count_substring(text, "#").to_numpy(zero_copy_only=False), np.float64)
-             + np.asarray(pc.count_substring(text, "...").to_numpy(zero_copy_only=False), np.float64)
-             + np.asarray(pc.count_substring(text, "…").to_numpy(zero_copy_only=False), np.float64))
-    out["symbol_ratio"] = _ratio(n_sym, n_words, empty=1.0)
-    # word order: an article followed by a function word
-    codes = _codes(lower)
-    art = np.asarray(pc.is_in(lower, pa.array(ARTICLES)).to_numpy(zero_copy_only=False), bool)
-    fun = np.asarray(pc.is_in(lower, pa.array(FUNCTION_WORDS)).to_numpy(zero_copy_only=False),
-                     bool)
-    nxt = np.zeros(len(art), bool)
-    if len(art) > 1:
-        nxt[:-1] = fun[1:] & (doc[1:] == doc[:-1])
-    last = np.zeros(len(art), bool)
-    if len(art):
-        last[w_off[1:][n_words > 0] - 1] = True  # an article that ends its document
-    art = art & ~last
-    # no article at all is no evidence of prose: it fails the check
-    out["article_function"] = _ratio(_per_doc(w_off, (art & nxt).astype(np.float64)),
-                                     _per_doc(w_off, art.astype(np.float64)), empty=1.0)
-    # repeated n-grams
-    _, top2 = _repeat_fractions(doc, codes, w_off, 2, n)
-    dup5, _ = _repeat_fractions(doc, codes, w_off, 5, n)
-    out["top_2gram"], out["dup_5gram"] = top2, dup5
-    # lines
-    lines_l = pc.split_pattern(text, "\n")
-    l_off = _offsets(lines_l)
-    lines = pc.utf8_trim_whitespace(pc.list_flatten(lines_l))
-    nonempty = np.asarray(pc.greater(pc.utf8_length(lines), 0).to_numpy(zero_copy_only=False),
-                          bool)
-    n_lines = _per_doc(l_off, nonempty.astype(np.float64))
-
-    def line_frac(mask) -> np.ndarray:
-        m = np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False), bool) & nonempty
-        return _ratio(_per_doc(l_off, m.astype(np.float64)), n_lines)
-
-    out["bullet_lines"] = line_frac(pc.match_substring_regex(lines, BULLETS))
-    out["ellipsis_lines"] = line_frac(pc.or_(pc.ends_with(lines, "..."), pc.ends_with(lines, "…")))
-    p = line_frac(pc.match_substring_regex(lines, r"[.!?:\"'”’)]$"))
-    out["punct_lines"] = p
-    out["short_lines"] = line_frac(pc.less(pc.utf8_length(lines), 30))
-    line_doc = np.repeat(np.arange(n), np.diff(l_off))
-    lc = _codes(lines)
-    key = (line_doc.astype(np.int64) * (int(lc.max(initial=0)) + 1) + lc)[nonempty]
-    first = np.zeros(len(key), bool)
-    if len(key):
-        first[np.unique(key, return_index=True)[1]] = True
-    repeat = np.zeros(len(nonempty), np.float64)
-    repeat[np.flatnonzero(nonempty)] = ~first
-    out["dup_lines"] = _ratio(_per_doc(l_off, repeat), n_lines)
-    return out
-
-
-def degrees(values: dict) -> dict:
-    """Each signal's pass degree in [0, 1] (``Signal.degree``; the word count on a log scale)."""
-    out = {}
-    for s in SIGNALS:
-        x = values[s.name]
-        if s.name == "word_count":
-            x = np.log(np.maximum(x, 1.0))
-            s = Signal(s.name, s.description, math.log(s.bad), math.log(s.good), s.source)
-        out[s.name] = s.degree(x)
-    return out
-
-
-# How the pass degrees become one score. Measured in bench/quality.py: the AUC on the tuning
-# sources (held-out man pages reported), where mean and geomean tie, and what the selection
-# does with the score's size (python -m bench.quality --main-job 400): the geometric mean
-# scores damaged text far lower than the mean (a failing signal pulls it down instead of
-# being averaged away), so a diversity term that likes outliers (Pair_simi) selects far
-# fewer of them. COMBINATION is the default's.
-COMBINATIONS = ("mean", "geomean", "product", "min")
-COMBINATION = "geomean"
-# The signals the default score combines: backward elimination on the tuning sources (drop a
-# signal while the mean per-kind AUC does not fall) kept these eight; the others separated
-# nothing in that sample (AUC ~0.5 on every kind of damage) or cost separation. They are still
-# computed by ``signals`` and reported by the bench.
-DEFAULT_SIGNALS = ("word_count", "stop_words", "ellipsis_lines", "punct_lines", "short_lines",
-                   "dup_lines", "dup_5gram", "article_function")
-_EPS = 0.02  # the floor of a degree inside the geometric mean (so one zero is not -inf)
-
-
-def combine(deg: dict, how: str = COMBINATION, names=None) -> np.ndarray:
-    """One score in [0, 1] per text from the signals' pass degrees ``deg`` (:func:`degrees`),
-    over ``names`` (default: :data:`DEFAULT_SIGNALS`). ``mean``; ``geomean``: the geometric mean with
-    each degree floored at 0.02, rescaled so that 0.02 maps to 0; ``product`` and ``min``:
-    every signal must pass, as the filters combine them."""
-    names = list(names or DEFAULT_SIGNALS)
-    x = np.stack([np.asarray(deg[k], np.float64) for k in names])
-    if how == "mean":
-        return x.mean(axis=0)
-    if how == "geomean":
-        g = np.exp(np.log(np.maximum(x, _EPS)).mean(axis=0))
-        return np.clip((g - _EPS) / (1 - _EPS), 0.0, 1.0)
-    if how == "product":
-        return x.prod(axis=0)
-    if how == "min":
-        return x.min(axis=0)
-    raise ValueError(f"combination must be one of {COMBINATIONS}, got {how!r}")
+# (datamask_pipeline/engine/quality_signals.py: the language, the signals, THE thresholds table)
+from .quality_signals import (COMBINATION, COMBINATIONS, DEFAULT_SIGNALS, MAX_CHARS,  # noqa: E402
+                              SIGNAL_BY_NAME, SIGNALS, THRESHOLDS, _as_text, combine, degrees,
+                              detect_languages, signals)
 
 
 # ------------------------------------------------------------------ scorers
@@ -336,8 +93,9 @@ class Scorer(abc.ABC):
 
 
 class HeuristicScorer(Scorer):
-    """The default: the mean of the pass degrees of :data:`DEFAULT_SIGNALS`, in [0, 1]. Offline,
-    CPU, no model; vectorised over a batch."""
+    """The default: the combination (:data:`COMBINATION`, the geometric mean) of the degrees of
+    the signals that apply to each text (:data:`DEFAULT_SIGNALS`, at its language's thresholds),
+    in [0, 1]. Offline, CPU, no model beyond the language detector's; vectorised over a batch."""
 
     def __init__(self, combination: str = COMBINATION, names=None):
         if combination not in COMBINATIONS:
@@ -348,12 +106,20 @@ class HeuristicScorer(Scorer):
             raise ScorerError(f"unknown heuristic signal(s) {sorted(unknown)}: choose from "
                               f"{sorted(SIGNAL_BY_NAME)}")
         self.name = DEFAULT_SCORER
-        ramps = [(s.name, s.bad, s.good) for s in SIGNALS if s.name in self.names]
-        h = hashlib.sha256(json.dumps([combination, ramps, MAX_CHARS]).encode()).hexdigest()[:8]
+        rows = [[t.signal, t.languages, t.good, t.bad] for t in THRESHOLDS
+                if t.signal in self.names]
+        h = hashlib.sha256(json.dumps([combination, rows, MAX_CHARS]).encode()).hexdigest()[:8]
         self.version = f"{HEURISTIC_VERSION}+{h}"
 
+    def score_languages(self, texts) -> tuple[np.ndarray, np.ndarray]:
+        """(scores (n,) float64, languages (n,) ISO 639-1 codes) of ``texts``."""
+        text = _as_text(texts)
+        langs = detect_languages(text.to_pylist())
+        deg = degrees(signals(text, langs), langs)
+        return combine(deg, self.combination, self.names), langs
+
     def score(self, texts) -> np.ndarray:
-        return combine(degrees(signals(texts)), self.combination, self.names)
+        return self.score_languages(texts)[0]
 
 
 def _texts(texts) -> list:
