@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 from pydantic import Field, create_model
 
 from datamask_pipeline.engine import storage
-from datamask_pipeline.engine.corpus.dedup import DEFAULT_CONTAINMENT, DEFAULT_THRESHOLD
+from datamask_pipeline.engine.corpus.dedup import (DEFAULT_CONTAINMENT, DEFAULT_THRESHOLD,
+                                                    NEAR_MIN_CONTAINMENT)
 from datamask_pipeline.engine.config import ConfigError
 from datamask_pipeline.engine.data import DataContractError, raw_row_numbers
 from resources.contract import DataContract
@@ -221,6 +222,10 @@ class DedupConfig(dg.Config):
         "cluster at cosine >= threshold."))
     threshold: float = Field(default=DEFAULT_THRESHOLD, gt=0.0, le=1.0, description=(
         "Cosine at or above which two rows are near-duplicates (the worse-ranked one is dropped)."))
+    near_containment: float = Field(default=NEAR_MIN_CONTAINMENT, ge=0.0, le=1.0, description=(
+        "With texts, a near pair is a duplicate only when the smaller text's word 3-grams "
+        "(common lines left out) are also found in the other's at >= this: pages on one "
+        "template with different content stay (0: cosine alone)."))
     rows_per_cluster: int = Field(default=1000, ge=2, description=(
         "Mean cluster size of the corpus-wide k-means (clusters = rows / this)."))
     engine: str = Field(default="local", description=(
@@ -277,45 +282,10 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
     row."""
     engine = _dedup_engine(config)
     shards_, excluded = corpus_shards(context, data_root, contract, None)
-    versions = {s.key: s.version for s in shards_}
-    rows = {"partition_key": [], "row": [], "id": [], "dup_of_partition_key": [],
-            "dup_of_row": [], "dup_of_id": [], "reason": [], "cosine": [], "containment": []}
-    stats = {"enabled": config.enabled, "threshold": config.threshold, "rows": 0, "dropped": 0,
-             "engine": engine}
-    if config.enabled and shards_:
-        if engine == "ray":
-            res = _dedup_on_ray(context, config, data_root, contract, ray, shards_)
-            ids_txt = _lineage_ids(res, shards_, data_root)
-        else:
-            res, ids_txt = _dedup_local(config, data_root, contract, shards_)
-        for d in res.dropped:
-            rows["partition_key"].append(shards_[d["shard"]].key)
-            rows["row"].append(d["row"])
-            rows["id"].append(ids_txt[d["shard"]][d["row"]])
-            rows["dup_of_partition_key"].append(shards_[d["dup_of_shard"]].key)
-            rows["dup_of_row"].append(d["dup_of_row"])
-            rows["dup_of_id"].append(ids_txt[d["dup_of_shard"]][d["dup_of_row"]])
-            rows["reason"].append(d["reason"])
-            rows["cosine"].append(d["cosine"])
-            rows["containment"].append(d["containment"])
-        stats.update(res.stats)
-    table = pa.table({"partition_key": pa.array(rows["partition_key"], pa.string()),
-                      "row": pa.array(rows["row"], pa.int64()),
-                      "id": pa.array(rows["id"], pa.string()),
-                      "dup_of_partition_key": pa.array(rows["dup_of_partition_key"], pa.string()),
-                      "dup_of_row": pa.array(rows["dup_of_row"], pa.int64()),
-                      "dup_of_id": pa.array(rows["dup_of_id"], pa.string()),
-                      "reason": pa.array(rows["reason"], pa.string()),
-                      "cosine": pa.array(rows["cosine"], pa.float64()),
-                      "containment": pa.array(rows["containment"], pa.float64())})
-    storage.makedirs(data_root.corpus_dir())
-    out = storage.join(data_root.corpus_dir(), DUPLICATES)
-    storage.atomic_write_table(table, out)
-    stats.update(versions=versions, excluded=excluded)
-    storage.atomic_write_bytes(storage.join(data_root.corpus_dir(), "dedup.json"),
-                               json.dumps(stats, indent=1, default=float).encode())
+    table, stats, out = run_dedup(context, config, data_root, contract, ray, shards_, excluded)
     per_shard = {}
-    for key, reason in zip(rows["partition_key"], rows["reason"]):
+    for key, reason in zip(table.column("partition_key").to_pylist(),
+                           table.column("reason").to_pylist()):
         per_shard.setdefault(key, {"exact": 0, "fuzzy": 0, "near": 0})[reason] += 1
     n_rows = int(stats.get("rows", 0))
     md = ["| shard | rows | exact | fuzzy | near | dropped |", "|---|---:|---:|---:|---:|---:|"]
@@ -333,12 +303,63 @@ def corpus_dedup(context: dg.AssetExecutionContext, config: DedupConfig, data_ro
         "dropped_exact": int(stats.get("exact_dropped", 0)),
         "dropped_fuzzy": int(stats.get("fuzzy_dropped", 0)),
         "containment": config.containment,
+        "near_containment": config.near_containment,
         "dropped_near": int(stats.get("near_dropped", 0)),
+        "near_text_vetoed": int(stats.get("near_text_vetoed", 0)),
         "clusters": int(stats.get("clusters", 0)),
         "per_shard": dg.MetadataValue.md("\n".join(md)),
         "duplicates": dg.MetadataValue.path(out),
         "dagster/row_count": table.num_rows,
     }, data_version=dg.DataVersion(storage.sha256(out)[:16]))
+
+
+DUPLICATES_SCHEMA = pa.schema([
+    ("partition_key", pa.string()), ("row", pa.int64()), ("id", pa.string()),
+    ("dup_of_partition_key", pa.string()), ("dup_of_row", pa.int64()),
+    ("dup_of_id", pa.string()), ("kept_partition_key", pa.string()), ("kept_row", pa.int64()),
+    ("kept_id", pa.string()), ("reason", pa.string()), ("kind", pa.string()),
+    ("cosine", pa.float64()), ("containment", pa.float64())])
+
+
+def run_dedup(context, config: DedupConfig, data_root: DataRoot, contract: DataContract,
+              ray: RayCluster, shards_: list, excluded: dict,
+              recomputed_by: str | None = None) -> tuple:
+    """The dedup over ``shards_`` (the shards present), written to ``corpus/duplicates.parquet``
+    (each dropped row: the row it duplicates, the row kept for it, its kind and evidence) and
+    ``corpus/dedup.json`` (the facts, the config, each shard's version). Returns (the table,
+    the facts, the parquet's uri)."""
+    engine = _dedup_engine(config)
+    stats = {"enabled": config.enabled, "threshold": config.threshold, "rows": 0, "dropped": 0,
+             "engine": engine}
+    cols = {f.name: [] for f in DUPLICATES_SCHEMA}
+    if config.enabled and shards_:
+        if engine == "ray":
+            res = _dedup_on_ray(context, config, data_root, contract, ray, shards_)
+            ids_txt = _lineage_ids(res, shards_, data_root)
+        else:
+            res, ids_txt = _dedup_local(config, data_root, contract, shards_)
+        for d in res.dropped:
+            for pre, (sh, row) in (("", (d["shard"], d["row"])),
+                                   ("dup_of_", (d["dup_of_shard"], d["dup_of_row"])),
+                                   ("kept_", (d["kept_shard"], d["kept_row"]))):
+                cols[pre + "partition_key"].append(shards_[sh].key)
+                cols[pre + "row"].append(row)
+                cols[pre + "id"].append(ids_txt[sh][row])
+            for c in ("reason", "kind", "cosine", "containment"):
+                cols[c].append(d[c])
+        stats.update(res.stats)
+    table = pa.table({f.name: pa.array(cols[f.name], f.type) for f in DUPLICATES_SCHEMA},
+                     schema=DUPLICATES_SCHEMA)
+    storage.makedirs(data_root.corpus_dir())
+    out = storage.join(data_root.corpus_dir(), DUPLICATES)
+    storage.atomic_write_table(table, out)
+    stats.update(versions={s.key: s.version for s in shards_}, excluded=excluded,
+                 config={k: getattr(config, k) for k in type(config).model_fields})
+    if recomputed_by:
+        stats["recomputed_by"] = recomputed_by
+    storage.atomic_write_bytes(storage.join(data_root.corpus_dir(), "dedup.json"),
+                               json.dumps(stats, indent=1, default=float).encode())
+    return table, stats, out
 
 
 def _dedup_local(config: DedupConfig, data_root: DataRoot, contract: DataContract,
@@ -364,7 +385,8 @@ def _dedup_local(config: DedupConfig, data_root: DataRoot, contract: DataContrac
         np.concatenate([np.full(p.n, i) for i, p in enumerate(parts)]),
         np.concatenate([np.arange(p.n) for p in parts]), texts, exact=config.exact,
         fuzzy=config.fuzzy, containment=config.containment, near=config.near,
-        threshold=config.threshold, rows_per_cluster=config.rows_per_cluster)
+        threshold=config.threshold, rows_per_cluster=config.rows_per_cluster,
+        near_containment=config.near_containment)
     return res, ids_txt
 
 
@@ -388,7 +410,8 @@ def _dedup_on_ray(context, config: DedupConfig, data_root: DataRoot, contract: D
                 threshold=config.threshold, containment=config.containment,
                 rows_per_cluster=config.rows_per_cluster, id_column=ID, quality_column=QUALITY,
                 embedding_column=EMBEDDING, expected_dim=contract.expected_dim,
-                shuffle_partitions=config.ray_partitions, log=context.log.info)
+                shuffle_partitions=config.ray_partitions,
+                near_containment=config.near_containment, log=context.log.info)
     except (ConfigError, DataContractError) as exc:
         raise dg.Failure(description=f"corpus_dedup (engine ray): {exc}",
                          allow_retries=False) from exc
@@ -401,6 +424,7 @@ def _lineage_ids(res, shards_: list, data_root: DataRoot) -> dict:
     for d in res.dropped:
         want.setdefault(d["shard"], set()).add(d["row"])
         want.setdefault(d["dup_of_shard"], set()).add(d["dup_of_row"])
+        want.setdefault(d["kept_shard"], set()).add(d["kept_row"])
     out = {}
     for i, rows in want.items():
         rows = sorted(rows)
@@ -429,9 +453,12 @@ def last_selection(data_root: DataRoot, shards_: list, cfg, budget) -> dict | No
     return {k: rows[keys == k] for k in same}
 
 
-def dedup_keep(data_root: DataRoot, shards_: list) -> tuple:
+def dedup_keep(data_root: DataRoot, shards_: list, recompute=None) -> tuple:
     """Each shard's keep mask from ``corpus/duplicates.parquet`` (None where no row is
-    dropped), and the dedup facts; fails when the dedup is older than a shard's features."""
+    dropped), and the dedup facts. The keep decisions hold only for the shards the dedup saw:
+    when a shard it saw is gone (its kept rows may have been the reason others were dropped)
+    or one is new or re-ingested, ``recompute()`` runs the dedup again over the shards present
+    and returns its facts; without ``recompute`` that fails."""
     out = storage.join(data_root.corpus_dir(), DUPLICATES)
     facts_uri = storage.join(data_root.corpus_dir(), "dedup.json")
     if not storage.exists(out) or not storage.exists(facts_uri):
@@ -439,10 +466,15 @@ def dedup_keep(data_root: DataRoot, shards_: list) -> tuple:
                           "(corpus_job runs it; its config enabled=false turns it off)")
     facts = json.loads(storage.read_bytes(facts_uri))
     if facts.get("enabled", True):
-        stale = [s.key for s in shards_ if facts.get("versions", {}).get(s.key) != s.version]
-        if stale:
-            raise ConfigError(f"corpus_dedup ran before shard(s) {stale[:5]} were (re)ingested: "
-                              "materialize corpus_dedup again (corpus_job runs both)")
+        seen = facts.get("versions", {})
+        stale = [s.key for s in shards_ if seen.get(s.key) != s.version]
+        gone = sorted(set(seen) - {s.key for s in shards_})
+        if stale or gone:
+            if recompute is None:
+                raise ConfigError(f"corpus_dedup ran before shard(s) {stale[:5]} were "
+                                  f"(re)ingested or over shard(s) {gone[:5]} that are gone: "
+                                  "materialize corpus_dedup again (corpus_job runs both)")
+            facts = recompute(stale, gone)
     counts = pc.value_counts(storage.read_table(out, ["partition_key"]).column("partition_key"))
     dropped = {c["values"]: int(c["counts"]) for c in counts.to_pylist()}
     for s in shards_:
@@ -492,7 +524,8 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
         for key, why in excluded.items():
             context.log.warning(f"corpus: shard {key} left out: {why}; the budget is taken "
                                 "from the other shards")
-        shards_, dedup = dedup_keep(data_root, shards_)
+        shards_, dedup = dedup_keep(data_root, shards_, functools.partial(
+            _dedup_again, context, data_root, contract, ray, shards_, excluded))
         # a killed or retried run resumes from the state it keeps on the data root
         ckpt = storage.join(data_root.root, "checkpoints", "corpus")
         warm = last_selection(data_root, shards_, cfg, budget) if config.warm_start else None
@@ -546,6 +579,19 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
     if result.tokens:
         md["tokens"] = dg.MetadataValue.json(result.tokens)
     return dg.MaterializeResult(metadata=md, data_version=dg.DataVersion(storage.sha256(out)[:16]))
+
+
+def _dedup_again(context, data_root: DataRoot, contract: DataContract, ray: RayCluster,
+                 shards_: list, excluded: dict, stale: list, gone: list) -> dict:
+    """The dedup run again over the shards present, with the config of its last run (its
+    keep decisions were made over other shards): a removed keeper frees its duplicates."""
+    facts = json.loads(storage.read_bytes(storage.join(data_root.corpus_dir(), "dedup.json")))
+    config = DedupConfig(**(facts.get("config") or {}))
+    context.log.warning(f"corpus_selection: the dedup saw shard(s) {gone[:5]} that are gone and "
+                        f"not {stale[:5]} as they are now: deduplicating again over the "
+                        f"{len(shards_)} shard(s) present")
+    return run_dedup(context, config, data_root, contract, ray, shards_, excluded,
+                     recomputed_by="corpus_selection")[1]
 
 
 @contextlib.contextmanager

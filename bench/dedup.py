@@ -392,6 +392,342 @@ def scale_markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------ the labelled set
+# template pages: real pages share long boilerplate (a site's navigation and license, a man
+# page's section skeleton) around their own content. Pages built on one template with
+# different content are near-misses: a dedup must keep every one of them
+WEB_HEAD = ["Python 3.13 documentation", "Home | Library Reference | Language Reference | "
+            "Tutorial | FAQ | Glossary | Search", "Previous topic | Next topic | This page | "
+            "Report a bug | Show source", "Navigation: index, modules, next, previous"]
+WEB_FOOT = ["© Copyright 2001-2024, Python Software Foundation.",
+            "This page is licensed under the Python Software Foundation License Version 2.",
+            "Examples, recipes, and other code in the documentation are additionally licensed "
+            "under the Zero Clause BSD License.",
+            "See History and License for more information.",
+            "The Python Software Foundation is a non-profit corporation. Please donate.",
+            "Found a bug? Created using Sphinx 8.1.3."]
+MAN_COPYRIGHT = ("Copyright © 2024 Free Software Foundation, Inc. License GPLv3+: GNU GPL "
+                 "version 3 or later <https://gnu.org/licenses/gpl.html>. This is free "
+                 "software: you are free to change and redistribute it. There is NO WARRANTY, "
+                 "to the extent permitted by law.")
+MAN_SEE_ALSO = ("Full documentation <https://www.gnu.org/software/coreutils/> or available "
+                "locally via: info '(coreutils) invocation'. The full documentation is "
+                "maintained as a Texinfo manual; if the info and program are properly "
+                "installed at your site, the command info coreutils should give you access to "
+                "the complete manual.")
+TEMPLATES = ("web", "man", "web_dated", "stub")
+
+
+def _template_page(kind: str, content: str, i: int, rng) -> str:
+    """One page of template ``kind`` around its own ``content``: ``web`` (navigation and a
+    license block), ``man`` (a man page's sections and its copyright and see-also
+    paragraphs), ``web_dated`` (``web`` with a header line of its own: title and date, so no
+    line of it is common), ``stub`` (``web`` around one short line of its own)."""
+    words = content.split()
+    if kind == "man":
+        name = f"cmd{i}"
+        return "\n".join(["NAME", f"{name} - {' '.join(words[:6])}", "SYNOPSIS",
+                          f"{name} [OPTION]... [FILE]...", "DESCRIPTION", content, "AUTHOR",
+                          "Written by the project's contributors.", "REPORTING BUGS",
+                          "GNU coreutils online help: <https://www.gnu.org/software/coreutils/>",
+                          "COPYRIGHT", MAN_COPYRIGHT, "SEE ALSO", MAN_SEE_ALSO])
+    head = list(WEB_HEAD)
+    if kind == "web_dated":
+        head[0] = (f"{' '.join(words[:4])} | Python 3.13 documentation, updated "
+                   f"2024-{1 + i % 12:02d}-{1 + i % 28:02d}")
+    if kind == "stub":
+        content = " ".join(words[:8])
+    return "\n".join(head + [content] + WEB_FOOT)
+
+
+def _swap(text: str, rng, share: float) -> str:
+    """``text`` with ``share`` of its words swapped with their right neighbour (at least one
+    swap): the same words, reordered, so its word 3-grams break while a bag-of-words
+    embedding does not move."""
+    w = text.split()
+    for j in rng.choice(len(w) - 1, size=max(1, int(round(share * len(w)))), replace=False):
+        w[j], w[j + 1] = w[j + 1], w[j]
+    return " ".join(w)
+
+
+def _distinct_paragraphs(paras: list, at: float = 0.5) -> list:
+    """``paras`` less every paragraph whose word 3-grams are contained in an earlier kept
+    one's at >= ``at`` (or the other way round), checked pair by pair over the paragraphs
+    that share a 3-gram: the manual's own near-duplicates (``Changed in version ...``
+    paragraphs) would otherwise count as wrong drops."""
+    from datamask_pipeline.engine.corpus.dedup import _shingles, normalised_text_keys
+
+    sh = [_shingles(k) for k in normalised_text_keys(paras)]
+    index, kept = {}, []
+    for i, s in enumerate(sh):
+        if not s:
+            continue
+        cand = {j for g in s for j in index.get(g, ())}
+        if any(len(s & sh[j]) / min(len(s), len(sh[j])) >= at for j in cand):
+            continue
+        kept.append(i)
+        for g in s:
+            index.setdefault(g, []).append(i)
+    return [paras[i] for i in kept]
+
+
+def _edit(text: str, rng, share: float, vocab: list) -> str:
+    """``text`` with ``share`` of its words replaced by other words of the manual (at least
+    one), at random places."""
+    w = text.split()
+    k = max(1, int(round(share * len(w))))
+    for j in rng.choice(len(w), size=min(k, len(w)), replace=False):
+        w[j] = vocab[rng.integers(len(vocab))]
+    return " ".join(w)
+
+
+PLANTED_KINDS = ("exact", "footer", "fuzzy", "near")
+
+
+def labelled_set(per_kind: int, per_template: int, seed: int) -> dict:
+    """Real paragraphs (CPython's reference manual) with planted copies of each kind and
+    template pages. ``texts``; ``group``: each row's label (``base``, ``original``,
+    ``copy:<kind>``, ``template:<kind>``); ``pairs``: (copy row, original row, kind).
+    Copies: exact (other case and spaces), footer (the same footer line added to every
+    copy), fuzzy (3 % of the words replaced, at least one), near (12 % of the words swapped
+    with their neighbour: the same words reordered, which 3-gram containment at 0.8 misses).
+    Template pages: each paragraph used once, in no other row. The paragraphs are the
+    manual's distinct ones (:func:`_distinct_paragraphs`)."""
+    rng = np.random.default_rng(seed)
+    paras = _distinct_paragraphs(_paragraphs())
+    vocab = sorted({w for p in paras for w in p.split() if w.isalpha()})
+    order = rng.permutation(len(paras))
+    n_orig, n_tmpl = per_kind * len(PLANTED_KINDS), per_template * len(TEMPLATES)
+    # the planted originals are long enough for 3-grams at 5 % edits; template content any
+    long_ = [i for i in order if len(paras[i].split()) >= 25]
+    orig = long_[:n_orig]
+    rest = [i for i in order if i not in set(orig)]
+    tmpl_src, base_src = rest[:n_tmpl], rest[n_tmpl:]
+    texts, group = [], []
+    for i in base_src:
+        texts.append(paras[i])
+        group.append("base")
+    pos_orig = {}
+    for i in orig:
+        pos_orig[i] = len(texts)
+        texts.append(paras[i])
+        group.append("original")
+    for t, kind in enumerate(TEMPLATES):
+        for j, i in enumerate(tmpl_src[t * per_template:(t + 1) * per_template]):
+            texts.append(_template_page(kind, paras[i], t * per_template + j, rng))
+            group.append(f"template:{kind}")
+    pairs = []
+    for k, kind in enumerate(PLANTED_KINDS):
+        for i in orig[k * per_kind:(k + 1) * per_kind]:
+            p = paras[i]
+            if kind == "exact":
+                c = "  " + p.upper().replace(" ", "  ") + " "
+            elif kind == "footer":
+                c = p + "\n" + FOOTER
+            elif kind == "fuzzy":
+                c = _edit(p, rng, 0.03, vocab)
+            else:
+                c = _swap(p, rng, 0.12)
+            pairs.append((len(texts), pos_orig[i], kind))
+            texts.append(c)
+            group.append(f"copy:{kind}")
+    return {"texts": texts, "group": group, "pairs": pairs}
+
+
+def _score(dropped: set, pairs: list, group: list) -> dict:
+    """Recall per planted kind (pairs with exactly one member dropped), precision (dropped
+    rows that are a member of a planted pair whose other member stays) and the drops of rows
+    of no planted pair, per group: the same rule for every dedup, whichever member it keeps."""
+    member = {}
+    for c, o, kind in pairs:
+        member[c], member[o] = (o, kind), (c, kind)
+    rec = {}
+    for kind in PLANTED_KINDS:
+        ps = [(c, o) for c, o, k in pairs if k == kind]
+        rec[kind] = sum((c in dropped) != (o in dropped) for c, o in ps) / max(1, len(ps))
+    allp = len(pairs)
+    found = sum((c in dropped) != (o in dropped) for c, o, _ in pairs)
+    right = sum(1 for r in dropped if r in member and member[r][0] not in dropped)
+    wrong = {}
+    for r in dropped:
+        if r not in member or member[r][0] in dropped:
+            g = group[r].split(":")[0] + (":" + group[r].split(":")[1] if ":" in group[r] else "")
+            wrong[g] = wrong.get(g, 0) + 1
+    return {"recall": rec, "recall_all": found / max(1, allp),
+            "precision": right / max(1, len(dropped)), "dropped": len(dropped),
+            "wrong_drops": wrong,
+            "template_pages_dropped": sum(v for g, v in wrong.items() if g.startswith("template"))}
+
+
+def run_datatrove(texts: list, workdir: str) -> tuple:
+    """datatrove's MinHash deduplication (its defaults: 5-gram shingles, 14 buckets of 8
+    hashes) on ``texts``: signature, buckets, clusters and filter steps run in this process.
+    Returns (the dropped rows, seconds)."""
+    import shutil
+
+    from datatrove.data import Document
+    from datatrove.pipeline.dedup.minhash import (MinhashConfig, MinhashDedupBuckets,
+                                                  MinhashDedupCluster, MinhashDedupFilter,
+                                                  MinhashDedupSignature)
+
+    def drain(r):
+        if r is not None:
+            for _ in r:
+                pass
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    docs = [Document(text=t, id=str(i)) for i, t in enumerate(texts)]
+    cfg = MinhashConfig()
+    t0 = time.perf_counter()
+    drain(MinhashDedupSignature(f"{workdir}/sig", config=cfg).run(iter(docs), 0, 1))
+    for b in range(cfg.num_buckets):
+        drain(MinhashDedupBuckets(f"{workdir}/sig", f"{workdir}/buckets", config=cfg)
+              .run(None, b, cfg.num_buckets))
+    drain(MinhashDedupCluster(f"{workdir}/buckets", f"{workdir}/clusters", config=cfg)
+          .run(None, 0, 1))
+    kept = {int(d.id) for d in MinhashDedupFilter(f"{workdir}/clusters").run(iter(docs), 0, 1)}
+    secs = time.perf_counter() - t0
+    return set(range(len(texts))) - kept, secs
+
+
+LABELLED_SETTINGS = (
+    # (name, deduplicate keyword arguments)
+    ("ours (defaults)", {}),
+    ("ours, no text guard on the semantic stage", {"near_containment": 0.0}),
+    ("ours, no text guard, fuzzy min 3-grams 1", {"near_containment": 0.0,
+                                                   "fuzzy_min_shingles": 1}),
+    ("ours, common lines kept (no boilerplate rule)", {"boilerplate_min_docs": None}),
+    ("ours, exact+fuzzy only", {"near": False}),
+)
+
+
+def run_labelled(per_kind: int, per_template: int, files: int, seed: int, workdir: str,
+                 thresholds=(0.95, 0.98, 0.99), guards=(0.0, 0.2, 0.3, 0.5)) -> dict:
+    """Precision and recall per kind on :func:`labelled_set`, for our dedup (the default
+    model's embeddings, qualities drawn at random with each copy a little worse than its
+    original) under the settings of ``LABELLED_SETTINGS`` and a sweep of the semantic
+    threshold x text guard, and for datatrove's MinHash; throughput of each."""
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+    from datamask_pipeline.engine.embed import load_embedder
+
+    ls = labelled_set(per_kind, per_template, seed)
+    texts, group, pairs = ls["texts"], ls["group"], ls["pairs"]
+    n = len(texts)
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    x = load_embedder().embed(texts)
+    embed_s = time.perf_counter() - t0
+    q = rng.random(n)
+    for c, o, _ in pairs:
+        q[c] = q[o] - 1e-3
+    file_of = rng.integers(0, files, size=n)
+    for c, o, _ in pairs:  # in another file than the original
+        file_of[c] = (file_of[o] + 1 + rng.integers(0, files - 1)) % files
+    row_of = np.zeros(n, dtype=np.int64)
+    for f in range(files):
+        m = np.flatnonzero(file_of == f)
+        row_of[m] = np.arange(m.size)
+    where = {(int(file_of[i]), int(row_of[i])): i for i in range(n)}
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    tmpl = [i for i, g in enumerate(group) if g.startswith("template")]
+    # how close template pages sit: each one's highest cosine to another page of its kind
+    tcos = {}
+    for kind in TEMPLATES:
+        m = [i for i in tmpl if group[i] == f"template:{kind}"]
+        c = xn[m] @ xn[m].T
+        np.fill_diagonal(c, -1)
+        tcos[kind] = {"median_max_cosine": float(np.median(c.max(1))),
+                      "share_ge_0.98": float((c.max(1) >= 0.98).mean())}
+    pc_ = {k: [float(xn[c] @ xn[o]) for c, o, kk in pairs if kk == k] for k in PLANTED_KINDS}
+    out = {"rows": n, "per_kind": per_kind, "per_template": per_template, "files": files,
+           "groups": {g: group.count(g) for g in sorted(set(group))}, "embed_s": embed_s,
+           "planted_cosine": {k: {"min": min(v), "median": float(np.median(v))}
+                              for k, v in pc_.items()},
+           "template_cosine": tcos, "cpu": cpu_model(), "runs": {}, "sweep": []}
+    arr = np.asarray(texts, dtype=object)
+
+    def ours(**kw):
+        t0 = time.perf_counter()
+        res = deduplicate(x, q, np.arange(n), file_of, row_of, arr, **kw)
+        secs = time.perf_counter() - t0
+        dropped = {where[(d["shard"], d["row"])] for d in res.dropped}
+        return res, dropped, secs
+
+    ours(near=False)  # warm-up: the first call loads faiss and datasketch
+    for name, kw in LABELLED_SETTINGS:
+        res, dropped, secs = ours(**kw)
+        sc = _score(dropped, pairs, group)
+        sc.update(seconds=secs, rows_per_s=n / secs, stats={k: v for k, v in res.stats.items()
+                                                           if not isinstance(v, dict)})
+        by_kind = {}
+        for d in res.dropped:
+            by_kind[d["kind"]] = by_kind.get(d["kind"], 0) + 1
+        sc["dropped_by_kind"] = by_kind
+        out["runs"][name] = sc
+        print(f"{name:48s} recall {sc['recall_all']:.3f} {sc['recall']} precision "
+              f"{sc['precision']:.3f} template pages dropped {sc['template_pages_dropped']} "
+              f"wrong {sc['wrong_drops']} {secs:.1f}s", flush=True)
+    for t in thresholds:
+        for g in guards:
+            _, dropped, secs = ours(threshold=t, near_containment=g)
+            sc = _score(dropped, pairs, group)
+            out["sweep"].append({"threshold": t, "near_containment": g, **sc})
+            print(f"threshold {t} guard {g}: recall {sc['recall_all']:.3f} near "
+                  f"{sc['recall']['near']:.3f} precision {sc['precision']:.3f} template "
+                  f"{sc['template_pages_dropped']}", flush=True)
+    dropped, secs = run_datatrove(texts, os.path.join(workdir, "datatrove"))
+    sc = _score(dropped, pairs, group)
+    sc.update(seconds=secs, rows_per_s=n / secs)
+    out["runs"]["datatrove MinHash (defaults)"] = sc
+    print(f"datatrove: recall {sc['recall_all']:.3f} {sc['recall']} precision "
+          f"{sc['precision']:.3f} wrong {sc['wrong_drops']} {secs:.1f}s", flush=True)
+    return out
+
+
+def labelled_markdown(r: dict) -> str:
+    g = r["groups"]
+    lines = [
+        f"{r['rows']:,} rows (one process, {r['cpu']}): {g.get('base', 0):,} paragraphs of "
+        f"CPython's reference manual (its distinct ones: none is contained in another at "
+        f"0.5), {g.get('original', 0)} originals with a planted copy each "
+        f"({r['per_kind']} per kind, in another of {r['files']} files): exact (other case and "
+        "spaces), footer (one footer line added, the same in every copy), fuzzy (3 % of the "
+        "words replaced, at least one), near (12 % of the words swapped with their neighbour: "
+        "the same words reordered); and "
+        f"{sum(v for k, v in g.items() if k.startswith('template'))} template pages, "
+        f"{r['per_template']} per template, each around a paragraph in no other row "
+        "(near-misses: none may be dropped): web (navigation and a 6-line license block), man "
+        "(a man page's sections, copyright and see-also paragraphs), web_dated (web with a "
+        "header line of its own, so no line of the template is common), stub (web around one "
+        "8-word line). Embeddings: the default model (embedding took "
+        f"{r['embed_s']:.1f} s, not in the dedup's seconds).", "",
+        "Cosine of the planted copies to their originals: " + ", ".join(
+            f"{k} min {v['min']:.3f} / median {v['median']:.3f}"
+            for k, v in r["planted_cosine"].items()) + ". Template pages' highest cosine to "
+        "another page of their template: " + ", ".join(
+            f"{k} median {v['median_max_cosine']:.3f} ({v['share_ge_0.98']:.0%} >= 0.98)"
+            for k, v in r["template_cosine"].items()) + ".", "",
+        "Recall: planted pairs with exactly one member dropped. Precision: dropped rows that are "
+        "a member of a planted pair whose other member stays. Wrong drops: the other dropped "
+        "rows, by group. The same rule for every dedup.", "",
+        "| dedup | recall exact | footer | fuzzy | near | all | precision | template pages "
+        "dropped | other wrong drops | rows/s |", "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for name, s in r["runs"].items():
+        other = {k: v for k, v in s["wrong_drops"].items() if not k.startswith("template")}
+        rc = s["recall"]
+        lines.append(f"| {name} | {rc['exact']:.3f} | {rc['footer']:.3f} | {rc['fuzzy']:.3f} | "
+                     f"{rc['near']:.3f} | {s['recall_all']:.3f} | {s['precision']:.3f} | "
+                     f"{s['template_pages_dropped']} | {other or '-'} | {s['rows_per_s']:,.0f} |")
+    lines += ["", "The semantic stage's threshold x text guard (our dedup, other settings the "
+              "defaults):", "", "| cosine threshold | text guard (containment) | recall near | "
+              "recall all | precision | template pages dropped |", "|---:|---:|---:|---:|---:|---:|"]
+    for s in r["sweep"]:
+        lines.append(f"| {s['threshold']} | {s['near_containment']} | {s['recall']['near']:.3f} | "
+                     f"{s['recall_all']:.3f} | {s['precision']:.3f} | "
+                     f"{s['template_pages_dropped']} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.dedup", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -409,12 +745,17 @@ def main(argv=None) -> int:
     b = sub.add_parser("scale")
     b.add_argument("--rows", type=int, default=1_000_000)
     b.add_argument("--dim", type=int, default=256)
+    e = sub.add_parser("labelled")
+    e.add_argument("--per-kind", type=int, default=100)
+    e.add_argument("--per-template", type=int, default=50)
+    e.add_argument("--files", type=int, default=8)
+    e.add_argument("--workdir", default="/tmp/dedup_labelled")
     d = sub.add_parser("long_document")
     d.add_argument("--rows", type=int, default=20_000)
     d.add_argument("--long-mb", type=float, default=3.0)
     d.add_argument("--files", type=int, default=8)
     d.add_argument("--workdir", default="/tmp/dedup_long_document")
-    for s in (a, b, c, d):
+    for s in (a, b, c, d, e):
         s.add_argument("--seed", type=int, default=0)
         s.add_argument("--tag", default=None)
         s.add_argument("--out", default="bench/results")
@@ -429,6 +770,9 @@ def main(argv=None) -> int:
     elif args.what == "main_job":
         r = run_main_job(args.pairs, args.files, args.seed, args.workdir, args.algorithm)
         md = main_job_markdown(r)
+    elif args.what == "labelled":
+        r = run_labelled(args.per_kind, args.per_template, args.files, args.seed, args.workdir)
+        md = labelled_markdown(r)
     elif args.what == "long_document":
         r = run_long_document(args.rows, args.long_mb, args.files, args.seed, args.workdir)
         md = long_document_markdown(r)

@@ -358,7 +358,9 @@ def test_dedup_finds_planted_duplicates_across_files_and_keeps_the_best():
         c, o = pos[10**6 + len(near) + j], pos[int(orig)]
         pair = {(file_of[c], row_of[c]), (file_of[o], row_of[o])}
         hits = [dropped[p] for p in pair if p in dropped]
-        assert len(hits) == 1 and hits[0]["reason"] == "exact" and hits[0]["cosine"] == 1.0
+        assert len(hits) == 1 and hits[0]["reason"] == "exact" and hits[0]["kind"] == "exact"
+        # the evidence: equal keys, and the cosine measured (the same embedding here)
+        assert hits[0]["containment"] == 1.0 and hits[0]["cosine"] == pytest.approx(1.0, abs=1e-6)
     assert res.stats["exact_dropped"] + res.stats["fuzzy_dropped"] + res.stats["near_dropped"] \
         >= len(near) + 20
     assert sum(m.sum() for m in res.keep) == I.size - len(res.dropped)

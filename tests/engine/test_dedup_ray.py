@@ -57,14 +57,24 @@ def _corpus(tmp_path, shards=4):
     texts = sent[:BASE]
     ids = list(range(BASE))
     planted = {"near": [], "exact": [], "footer": [], "fuzzy": []}
-    src = rng.choice(BASE, NEAR + EXACT + FOOTER + FUZZY, replace=False)
+    # near copies of the spread-out rows: the text guard checks a row's most similar
+    # better-ranked row, which in a tight topic cluster may be another row than its original
+    # (sentences of 8 to 30 words: 3-gram containment under 0.8 and over the guard)
+    fit = [i for i in range(BASE // 2, BASE) if 8 <= len(texts[i].split()) <= 30]
+    near_src = rng.choice(fit, NEAR, replace=False)
+    rest = np.setdiff1d(np.arange(BASE), near_src)
+    src = np.r_[near_src, rng.choice(rest, EXACT + FOOTER + FUZZY, replace=False)]
     nid = 10_000
     X, Q, T = [x], [q], list(texts)
     for j, o in enumerate(src):
-        if j < NEAR:  # the same embedding up to noise (cosine >= 0.99), an unrelated text
+        if j < NEAR:  # the same embedding up to noise (cosine >= 0.99), the same words with
+            # one or two pairs of neighbours swapped
             kind = "near"
             v = x[o] + 0.02 * np.linalg.norm(x[o]) * _unit(rng.standard_normal(DIM)) / 2
-            text = sent[BASE + j]
+            w = texts[o].split()
+            for a in ((len(w) // 2,) if len(w) < 16 else (1, len(w) - 3)):
+                w[a], w[a + 1] = w[a + 1], w[a]
+            text = " ".join(w)
         else:  # the text (changed), an unrelated embedding
             v = rng.standard_normal(DIM).astype(np.float32)
             if j < NEAR + EXACT:
@@ -140,6 +150,14 @@ def test_ray_dedup_equals_the_embedded_one_and_finds_the_planted_duplicates(tmp_
         assert e["cosine"] == d["cosine"] or (np.isnan(e["cosine"]) and np.isnan(d["cosine"]))
         assert e["containment"] == d["containment"] or (
             np.isnan(e["containment"]) and np.isnan(d["containment"]))
+        # the evidence of every kind: both measures, the kind, the row kept for it
+        assert not np.isnan(e["cosine"]) and not np.isnan(e["containment"]), e
+        assert (e["kind"], e["kept_shard"], e["kept_row"]) == (d["kind"], d["kept_shard"],
+                                                               d["kept_row"])
+        assert e["kind"] == {"exact": "exact", "fuzzy": "fuzzy", "near": "semantic"}[e["reason"]]
+        if e["reason"] == "exact":
+            assert e["containment"] == 1.0
+    assert local.stats["near_text_vetoed"] == dist.stats["near_text_vetoed"] > 0
     for key in ("rows", "exact_dropped", "fuzzy_dropped", "fuzzy_pairs", "near_dropped",
                 "clusters", "dropped", "kept"):
         assert dist.stats[key] == local.stats[key], key
@@ -154,7 +172,7 @@ def test_ray_dedup_equals_the_embedded_one_and_finds_the_planted_duplicates(tmp_
             assert d["reason"] == expect[kind], (kind, d)
             assert (d["dup_of_shard"], d["dup_of_row"]) == where[str(orig)], (kind, d)
             if kind == "near":
-                assert d["cosine"] >= 0.99
+                assert d["cosine"] >= 0.99 and 0.3 <= d["containment"] < 0.8, d
             if kind == "fuzzy":
                 assert d["containment"] == 1.0
     assert {shard_of[ids == str(c)][0] for c, _ in planted["exact"]} != {0}  # across files

@@ -181,7 +181,7 @@ def test_duplicates_across_shards_are_dropped_with_lineage_and_a_new_shard_of_co
         _features(instance, resources, key)
     first = _corpus(instance, resources, select_rows=60)
     dmeta = _meta(first, "corpus_dedup")
-    assert dmeta["enabled"].value is True and dmeta["threshold"].value == 0.98
+    assert dmeta["enabled"].value is True and dmeta["threshold"].value == 0.99
     dups = pq.read_table(os.path.join(data_root.corpus_dir(), "duplicates.parquet"))
     assert dmeta["dropped"].value == dups.num_rows > 0  # the sample's boilerplate rows
     sel = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
@@ -192,7 +192,7 @@ def test_duplicates_across_shards_are_dropped_with_lineage_and_a_new_shard_of_co
     assert set(dups.column("reason").to_pylist()) <= {"exact", "fuzzy", "near"}
     assert _meta(first, "corpus_selection")["dedup_dropped"].value == dups.num_rows
     page = open(_meta(first, "corpus_subset")["report"].value).read()
-    assert "Deduplication" in page and "cosine ≥ 0.98" in page and f"{dups.num_rows:,} (" in page
+    assert "Deduplication" in page and "cosine ≥ 0.99" in page and f"{dups.num_rows:,} (" in page
 
     # a new shard copies 10 selected rows of shard_000: the copies are dropped as their
     # duplicates and never selected; the originals stay selected
@@ -271,3 +271,47 @@ def test_a_missing_token_column_fails_readably_and_writes_nothing(prepared, inst
     msg = [e for e in r.all_events if e.is_step_failure][0].step_failure_data.error.message
     assert "column 'n_tokens'" in msg and "rule 'column present'" in msg and "shard_000" in msg
     assert not os.path.exists(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+
+
+def test_removing_the_keepers_shard_frees_its_duplicates(instance, corpus, data_root, resources):
+    """The dedup's keep decisions hold only over the shards it saw: once the shard of the kept
+    rows is gone, their copies in another shard are no longer duplicates of anything present.
+    corpus_selection run alone deduplicates again over the shards present (it used to select
+    with the stale keeps and report success); corpus_job gives the same."""
+    register_shards(instance, data_root.raw_root)
+    for key in KEYS:
+        _features(instance, resources, key)
+    picked = list(range(10))
+    _dup_shard(data_root, "shard_copy", KEYS[0], picked, 50_000)
+    register_shards(instance, data_root.raw_root)
+    _features(instance, resources, "shard_copy")
+    _corpus(instance, resources, select_rows=60)
+    dup_uri = os.path.join(data_root.corpus_dir(), "duplicates.parquet")
+    dups = pq.read_table(dup_uri).to_pylist()
+    copies = {d["row"]: d for d in dups if d["partition_key"] == "shard_copy"}
+    assert sorted(copies) == picked
+    # the copies whose kept row is in shard_000 (the others' originals are duplicates of rows
+    # of other shards, which stay)
+    freed = [r for r, d in copies.items() if d["kept_partition_key"] == KEYS[0]]
+    assert len(freed) >= 5
+
+    os.remove(data_root.raw_shard(KEYS[0]))  # the keeper's shard leaves the corpus
+    alone = dg.materialize(ASSETS, instance=instance, resources=resources,
+                           selection=dg.AssetSelection.assets("corpus_selection"),
+                           run_config=dg.RunConfig({"corpus_selection": CorpusConfig(
+                               algorithm="Pair_simi", select_rows=60)}))
+    dups = pq.read_table(dup_uri).to_pylist()
+    assert not [d for d in dups if d["partition_key"] == "shard_copy" and d["row"] in freed]
+    assert not [d for d in dups if KEYS[0] in (d["partition_key"], d["kept_partition_key"],
+                                               d["dup_of_partition_key"])]
+    facts = json.load(open(os.path.join(data_root.corpus_dir(), "selection.json")))
+    assert KEYS[0] not in facts["sizes"]
+    md = _meta(alone, "corpus_selection")
+    assert md["rows_after_dedup"].value == md["rows_corpus"].value - len(dups)
+    dedup = json.load(open(os.path.join(data_root.corpus_dir(), "dedup.json")))
+    assert dedup["recomputed_by"] == "corpus_selection" and KEYS[0] not in dedup["versions"]
+
+    again = _corpus(instance, resources, select_rows=60)  # corpus_job: the same keeps
+    assert pq.read_table(dup_uri).to_pylist() == dups
+    assert _meta(again, "corpus_selection")["rows_after_dedup"].value == \
+        md["rows_after_dedup"].value

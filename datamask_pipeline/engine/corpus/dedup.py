@@ -28,10 +28,25 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["DedupResult", "deduplicate", "normalised_text_keys", "key_digests",
-           "kmeans_sample", "DEFAULT_THRESHOLD", "KMEANS_SAMPLE_ROWS", "MAX_CLUSTER_ROWS"]
+           "kmeans_sample", "pair_containment", "DEFAULT_THRESHOLD", "KMEANS_SAMPLE_ROWS",
+           "MAX_CLUSTER_ROWS", "NEAR_MIN_CONTAINMENT", "FUZZY_MIN_SHINGLES", "KINDS"]
 
-DEFAULT_THRESHOLD = 0.98
+DEFAULT_THRESHOLD = 0.99
 DEFAULT_CONTAINMENT = 0.8
+# the semantic threshold and its text guard, set on the labelled set of bench/dedup.py
+# (``python -m bench.dedup labelled``, bench/results/REPORT_dedup_labelled.md): pages built on
+# one template around different content embed close together (a web template around one
+# short line: 96 % of its pages have another at cosine >= 0.98) while their own text shares
+# nothing. So a semantic (cosine) pair whose texts are known is a duplicate only when the
+# smaller text's word 3-grams, common (boilerplate) lines left out, are also contained in the
+# other's at >= NEAR_MIN_CONTAINMENT: at 0.99 and 0.3 no template page is dropped and every
+# planted reordered copy is found (0.98 and 0.3 dropped one template page, 0.5 missed 4 %)
+NEAR_MIN_CONTAINMENT = 0.3
+# a text whose key (common lines left out) has fewer word 3-grams than this is left to the
+# exact stage; 1 (every text with a 3-gram): the labelled set shows no gain from more
+FUZZY_MIN_SHINGLES = 1
+# the kinds of duplicates, as duplicates.parquet's ``kind`` column names them
+KINDS = {"exact": "exact", "fuzzy": "fuzzy", "near": "semantic"}
 ROWS_PER_CLUSTER = 1000
 # a cluster of more rows is compared in pieces of this many (see _cluster_best): a piece costs
 # (2 x 10,000)^2 / 2 cosines and 2048 x 20,000 floats (160 MB) at a time
@@ -55,8 +70,12 @@ BANDS, BAND_ROWS = 42, 3
 @dataclass
 class DedupResult:
     """``keep[i]``: bool mask of shard i's rows that stay. ``dropped``: one dict per dropped
-    row: shard, row, dup_of_shard, dup_of_row, reason (``exact``, ``fuzzy`` or ``near``),
-    cosine (near; 1 for exact; NaN for fuzzy) and containment (fuzzy)."""
+    row: shard, row, dup_of_shard, dup_of_row (the row it duplicates, which passed the test
+    with it), kept_shard, kept_row (the row that stays for it: dup_of, or the end of the chain
+    when dup_of is itself dropped), reason (``exact``, ``fuzzy`` or ``near``), kind (``exact``,
+    ``fuzzy``, ``semantic``) and the pair's evidence, measured for every kind: cosine (of the
+    two unit embeddings) and containment (the smaller text's word 3-grams found in the other's,
+    common lines left out; 1 for exact; NaN without texts or when a text has no 3-gram)."""
 
     keep: list
     dropped: list = field(default_factory=list)
@@ -113,6 +132,8 @@ def _normalise(arr) -> np.ndarray:
 
 
 def _shingles(text: str) -> set:
+    if not text:
+        return set()
     w = text.split(" ")
     if len(w) < SHINGLE_WORDS:
         return set()
@@ -132,29 +153,40 @@ def _minhash(base, shingles: set) -> np.ndarray:
         m.update_batch(piece)
 
 
-def _signatures(keys: np.ndarray, rows: np.ndarray, seed: int):
-    """(rows with shingles, (m, NUM_PERM) uint32 MinHash signatures): one text's shingles at
-    a time (held only while it is hashed), the signatures kept as one array."""
+def pair_containment(a: str | None, b: str | None) -> float:
+    """The share of the smaller of two keys' word 3-grams found in the other's (NaN when one
+    has none): the evidence both engines record for a pair."""
+    sa, sb = _shingles(a), _shingles(b)
+    if not sa or not sb:
+        return float("nan")
+    return len(sa & sb) / min(len(sa), len(sb))
+
+
+def _signatures(keys: np.ndarray, rows: np.ndarray, seed: int,
+                min_shingles: int = FUZZY_MIN_SHINGLES):
+    """(rows with at least ``min_shingles`` shingles, (m, NUM_PERM) uint32 MinHash
+    signatures): one text's shingles at a time (held only while it is hashed), the
+    signatures kept as one array."""
     from datasketch import MinHash
 
     base = MinHash(num_perm=NUM_PERM, seed=seed + 1)
     have, sig = [], np.zeros((rows.size, NUM_PERM), dtype=np.uint32)
     for r in rows.tolist():
         sh = _shingles(keys[r]) if keys[r] else None
-        if sh:
+        if sh and len(sh) >= max(1, min_shingles):
             sig[len(have)] = _minhash(base, sh)
             have.append(r)
     return np.asarray(have, dtype=np.int64), sig[:len(have)].copy()
 
 
 def _fuzzy_pairs(keys: np.ndarray, rows: np.ndarray, rank: np.ndarray, containment: float,
-                 seed: int) -> list:
+                 seed: int, min_shingles: int = FUZZY_MIN_SHINGLES) -> list:
     """(worse, better, containment): LSH bands of the MinHash signatures (BANDS bands of
     BAND_ROWS values: pairs at Jaccard ~0.3 and up are likely to share a band) propose each
     row's best-ranked band mate and the next better-ranked one; the pair is kept when the smaller text's shingles are
     contained in the other's at >= ``containment``. Memory: the signatures, 4 bytes x
     NUM_PERM per text."""
-    have, sig = _signatures(keys, rows, seed)
+    have, sig = _signatures(keys, rows, seed, min_shingles)
     if have.size < 2:
         return []
     cand = set()
@@ -323,6 +355,34 @@ def _exact_dups(keys: np.ndarray, rank: np.ndarray):
     return np.asarray(rows, dtype=np.int64), np.asarray(heads, dtype=np.int64)
 
 
+def pair_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """The cosine of two embeddings (float32, each scaled to unit length as the semantic
+    stage does): the evidence both engines record for an exact or fuzzy pair."""
+    u = np.stack([np.asarray(a, dtype=np.float32), np.asarray(b, dtype=np.float32)])
+    u /= np.maximum(np.linalg.norm(u, axis=1, keepdims=True), 1e-30)
+    return float(np.dot(u[0], u[1]))
+
+
+def pair_evidence_containment(reason: str, keys, i: int, j: int) -> float:
+    """The containment recorded for a dropped pair: 1 for an exact one (equal keys), the
+    keys' 3-gram containment otherwise, NaN without texts."""
+    if keys is None:
+        return float("nan")
+    return 1.0 if reason == "exact" else pair_containment(keys[i], keys[j])
+
+
+def kept_rows(dup_of: np.ndarray) -> np.ndarray:
+    """Each row's kept row: itself when kept, else the end of its chain of duplicates (every
+    link points to a better-ranked row, so chains end)."""
+    kept = np.arange(dup_of.size)
+    for i in np.flatnonzero(dup_of >= 0).tolist():
+        j = i
+        while dup_of[j] >= 0:
+            j = int(dup_of[j])
+        kept[i] = j
+    return kept
+
+
 def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndarray,
                 row_of: np.ndarray, texts=None, *, exact: bool = True, fuzzy: bool = True,
                 near: bool = True, threshold: float = DEFAULT_THRESHOLD,
@@ -330,14 +390,19 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
                 rows_per_cluster: int = ROWS_PER_CLUSTER, probes: int = 2,
                 boilerplate_min_docs: int | None = BOILERPLATE_MIN_DOCS,
                 seed: int = 0, kmeans_sample_rows: int = KMEANS_SAMPLE_ROWS,
-                max_cluster_rows: int = MAX_CLUSTER_ROWS) -> DedupResult:
+                max_cluster_rows: int = MAX_CLUSTER_ROWS,
+                near_containment: float = NEAR_MIN_CONTAINMENT,
+                fuzzy_min_shingles: int = FUZZY_MIN_SHINGLES) -> DedupResult:
     """Deduplicate the corpus given as concatenated arrays: embeddings ``x`` (N, d), quality,
     ids, each row's shard index and row number, and optionally its text (for exact
     duplicates). Each row is compared inside its ``probes`` nearest clusters (2: a pair split
     by a cluster boundary is still found); the k-means is trained on at most
     ``kmeans_sample_rows`` rows (:func:`kmeans_sample`) and a cluster of more than
-    ``max_cluster_rows`` members is compared in capped pieces (:func:`_cluster_best`). Returns
-    per-shard keep masks and the dropped rows with their lineage."""
+    ``max_cluster_rows`` members is compared in capped pieces (:func:`_cluster_best`). With
+    texts, a semantic pair is a duplicate only when its texts' containment (common lines left
+    out) is also >= ``near_containment``; a text with fewer than ``fuzzy_min_shingles`` word
+    3-grams is left to the exact stage. Returns per-shard keep masks and the dropped rows with
+    their lineage and evidence (:class:`DedupResult`)."""
     if max_cluster_rows < 1 or kmeans_sample_rows < 1:
         raise ValueError(f"max_cluster_rows ({max_cluster_rows}) and kmeans_sample_rows "
                          f"({kmeans_sample_rows}) must be at least 1")
@@ -348,7 +413,8 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
     reason = np.empty(n, dtype=object)
     cosine = np.full(n, np.nan)
     stats = {"rows": n, "threshold": threshold, "exact": exact, "fuzzy": fuzzy,
-             "containment": containment, "near": near}
+             "containment": containment, "near": near, "near_containment": near_containment,
+             "fuzzy_min_shingles": fuzzy_min_shingles}
     keys = (normalised_text_keys(texts, boilerplate_min_docs)
             if texts is not None and (exact or fuzzy) else None)
 
@@ -361,7 +427,7 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
 
     if fuzzy and keys is not None:
         alive = np.flatnonzero(dup_of < 0)
-        pairs = _fuzzy_pairs(keys, alive, rank, containment, seed)
+        pairs = _fuzzy_pairs(keys, alive, rank, containment, seed, fuzzy_min_shingles)
         # every pair's worse-ranked row is a duplicate of its better-ranked one
         best_c = {}
         for hi, lo, c in pairs:
@@ -399,17 +465,29 @@ def deduplicate(x: np.ndarray, q: np.ndarray, ids: np.ndarray, shard_of: np.ndar
             dup_of[rows] = alive[members[arg[hit]]]
             reason[rows] = "near"
             cosine[rows] = best[hit]
+        if keys is not None:  # the text guard: the pair's own text must overlap too
+            rows = np.flatnonzero(reason == "near")
+            veto = [r for r in rows.tolist()
+                    if not pair_containment(keys[r], keys[dup_of[r]]) >= near_containment]
+            dup_of[veto], reason[veto], cosine[veto] = -1, None, np.nan
+            stats["near_text_vetoed"] = len(veto)
         stats["near_dropped"] = int((reason == "near").sum())
         stats["largest_cluster"] = int(max(sizes, default=0))
         stats["clusters_capped"] = int(sum(m > max_cluster_rows for m in sizes))
 
     drop = np.flatnonzero(dup_of >= 0)
     keep = dup_of < 0
-    fz = {r: c for r, (o, c) in (best_c.items() if fuzzy and keys is not None else [])}
-    dropped = [{"shard": int(shard_of[i]), "row": int(row_of[i]),
-                "dup_of_shard": int(shard_of[dup_of[i]]), "dup_of_row": int(row_of[dup_of[i]]),
-                "reason": str(reason[i]), "cosine": float(cosine[i]),
-                "containment": float(fz.get(int(i), np.nan))} for i in drop]
+    kept = kept_rows(dup_of)
+    dropped = []
+    for i in drop.tolist():
+        j, why = int(dup_of[i]), str(reason[i])
+        dropped.append({
+            "shard": int(shard_of[i]), "row": int(row_of[i]),
+            "dup_of_shard": int(shard_of[j]), "dup_of_row": int(row_of[j]),
+            "kept_shard": int(shard_of[kept[i]]), "kept_row": int(row_of[kept[i]]),
+            "reason": why, "kind": KINDS[why],
+            "cosine": float(cosine[i]) if why == "near" else pair_cosine(x[i], x[j]),
+            "containment": pair_evidence_containment(why, keys, i, j)})
     n_shards = int(shard_of.max()) + 1 if n else 0
     masks = [keep[shard_of == s] for s in range(n_shards)]
     stats.update(dropped=int(drop.size), kept=int(keep.sum()),

@@ -49,10 +49,11 @@ from .. import storage
 from ..data import RULE_EMB_NULL, RULE_EMB_RAGGED, RULE_ID_NULL, RULE_PRESENT, RULE_Q_NULL, RULE_READABLE, RAW_ROW
 from ..errors import DataContractError
 from .dedup import (BAND_ROWS, BANDS, BOILERPLATE_MIN_DOCS, DEFAULT_CONTAINMENT,
-                    DEFAULT_THRESHOLD, KMEANS_SAMPLE_ROWS, MAX_CLUSTER_ROWS, ROWS_PER_CLUSTER,
-                    DedupResult, _cluster_best, _distinct_lines, _doc_lines, _normalise,
-                    _rank_order, _shingles, _signatures, _strip_lines, _train_kmeans,
-                    key_digests, kmeans_sample)
+                    DEFAULT_THRESHOLD, FUZZY_MIN_SHINGLES, KINDS, KMEANS_SAMPLE_ROWS,
+                    MAX_CLUSTER_ROWS, NEAR_MIN_CONTAINMENT, ROWS_PER_CLUSTER, DedupResult,
+                    _cluster_best, _distinct_lines, _doc_lines, _normalise, _rank_order,
+                    _shingles, _signatures, _strip_lines, _train_kmeans, kept_rows,
+                    key_digests, kmeans_sample, pair_containment, pair_cosine)
 
 __all__ = ["ShardSource", "deduplicate_ray", "RULE_TEXT_ROWS"]
 
@@ -323,12 +324,13 @@ def _exact_group(g: dict) -> pa.Table:
     return _table(_DUPS, gid=np.asarray(rows, dtype=np.int64), dup=np.asarray(dup, dtype=np.int64))
 
 
-def _band_batch(t: pa.Table, packed, seed: int) -> pa.Table:
-    """One record per LSH band of each alive row with shingles: bucket = band + its values."""
+def _band_batch(t: pa.Table, packed, seed: int, min_shingles: int) -> pa.Table:
+    """One record per LSH band of each alive row with at least ``min_shingles`` shingles:
+    bucket = band + its values."""
     gid = t.column("gid").to_numpy()
     keys = np.asarray(t.column("key").to_pylist(), dtype=object)
     alive = np.flatnonzero(_alive(gid, packed))
-    have, sig = _signatures(keys, alive, seed)
+    have, sig = _signatures(keys, alive, seed, min_shingles)
     m = have.size
     bands = sig.reshape(m, BANDS, BAND_ROWS)
     bucket = [f"{b}:{bands[i, b].tobytes().hex()}" for i in range(m) for b in range(BANDS)]
@@ -451,6 +453,114 @@ def _near_group(g: dict, threshold: float, cap: int) -> pa.Table:
                   cluster=np.full(hit.size, int(g["cluster"][0]), dtype=np.int64))
 
 
+# the evidence of each dropped pair: its two rows' keys and embeddings brought together
+_EV = pa.schema([("gid", pa.int64()), ("w", pa.int64()), ("b", pa.int64()),
+                 ("side", pa.int8()), ("key", pa.large_string()),
+                 ("emb", pa.list_(pa.float32()))])
+_EVIDENCE = pa.schema([("w", pa.int64()), ("b", pa.int64()), ("containment", pa.float64()),
+                       ("cosine", pa.float64())])
+_TEXT_SIDE, _EMB_SIDE = -1, -2
+
+
+def _ev_halves(w: np.ndarray, b: np.ndarray) -> pa.Table:
+    n = w.size
+    return pa.table({"gid": pa.array(np.r_[w, b]), "w": pa.array(np.r_[w, w]),
+                     "b": pa.array(np.r_[b, b]),
+                     "side": pa.array(np.r_[np.zeros(n, np.int8), np.ones(n, np.int8)]),
+                     "key": pa.nulls(2 * n, pa.large_string()),
+                     "emb": pa.nulls(2 * n, pa.list_(pa.float32()))}, schema=_EV)
+
+
+def _ev_keys_batch(t: pa.Table, packed) -> pa.Table:
+    """The keys of the rows in a dropped pair (their bit set in ``packed``)."""
+    t = t.filter(pa.array(_bit(t.column("gid").to_numpy(), packed)))
+    n = t.num_rows
+    return pa.table({"gid": t.column("gid"), "w": pa.array(np.full(n, -1, np.int64)),
+                     "b": pa.array(np.full(n, -1, np.int64)),
+                     "side": pa.array(np.full(n, _TEXT_SIDE, np.int8)),
+                     "key": t.column("key"), "emb": pa.nulls(n, pa.list_(pa.float32()))},
+                    schema=_EV)
+
+
+def _ev_emb_batch(batch: dict, packed) -> pa.Table:
+    """The embeddings (as read, float32) of the rows in a dropped pair."""
+    m = _bit(batch["gid"], packed)
+    emb = np.asarray(batch["emb"][m], dtype=np.float32)
+    n = emb.shape[0]
+    return pa.table({"gid": pa.array(batch["gid"][m].astype(np.int64)),
+                     "w": pa.array(np.full(n, -1, np.int64)),
+                     "b": pa.array(np.full(n, -1, np.int64)),
+                     "side": pa.array(np.full(n, _EMB_SIDE, np.int8)),
+                     "key": pa.nulls(n, pa.large_string()),
+                     "emb": pa.array(list(emb), pa.list_(pa.float32()))}, schema=_EV)
+
+
+def _ev_attach_group(t: pa.Table) -> pa.Table:
+    """One row's key and embedding, copied onto each half of its pairs."""
+    side = t.column("side").to_numpy()
+    halves = np.flatnonzero(side >= 0)
+    if not halves.size:
+        return _EV.empty_table()
+    key = t.column("key").take(pa.array(np.flatnonzero(side == _TEXT_SIDE)[:1]))
+    emb = t.column("emb").take(pa.array(np.flatnonzero(side == _EMB_SIDE)[:1]))
+    key = key[0].as_py() if len(key) else None
+    emb = emb[0].as_py() if len(emb) else None
+    m = halves.size
+    return pa.table({"gid": t.column("gid").take(pa.array(halves)),
+                     "w": t.column("w").take(pa.array(halves)),
+                     "b": t.column("b").take(pa.array(halves)),
+                     "side": t.column("side").take(pa.array(halves)),
+                     "key": pa.array([key] * m, pa.large_string()),
+                     "emb": pa.array([emb] * m, pa.list_(pa.float32()))}, schema=_EV)
+
+
+def _ev_pair_group(t: pa.Table) -> pa.Table:
+    """One dropped pair with both rows' key and embedding: the containment of the keys
+    (:func:`dedup.pair_containment`) and the cosine (:func:`dedup.pair_cosine`)."""
+    side = t.column("side").to_numpy()
+    if not ((side == 0).any() and (side == 1).any()):
+        return _EVIDENCE.empty_table()
+    a, b = int(np.flatnonzero(side == 0)[0]), int(np.flatnonzero(side == 1)[0])
+    keys, embs = t.column("key").to_pylist(), t.column("emb").to_pylist()
+    cont = pair_containment(keys[a], keys[b]) if keys[a] is not None and keys[b] is not None \
+        else float("nan")
+    cos = pair_cosine(embs[a], embs[b]) if embs[a] is not None and embs[b] is not None \
+        else float("nan")
+    return pa.table({"w": pa.array([t.column("w")[0].as_py()], pa.int64()),
+                     "b": pa.array([t.column("b")[0].as_py()], pa.int64()),
+                     "containment": pa.array([cont], pa.float64()),
+                     "cosine": pa.array([cos], pa.float64())}, schema=_EVIDENCE)
+
+
+def _evidence(w: np.ndarray, b: np.ndarray, n: int, keyed, features, parts) -> dict:
+    """{(w, b): (containment, cosine)} of each dropped pair: the pair's halves meet their
+    rows' keys (``keyed``, or None without texts) and embeddings (``features``) by
+    ``groupby(row)``, then each other by ``groupby(pair)``. Only the rows in a pair are
+    shuffled."""
+    import ray
+    import ray.data
+
+    if not w.size:
+        return {}
+    mask = np.zeros(n, dtype=bool)
+    mask[w], mask[b] = True, True
+    packed = _pack(mask)
+    parts_ = [ray.data.from_arrow(_ev_halves(w, b)),
+              features.map_batches(_ev_emb_batch, batch_format="numpy",
+                                   fn_kwargs={"packed": packed})]
+    if keyed is not None:
+        parts_.append(keyed.map_batches(_ev_keys_batch, batch_format="pyarrow",
+                                        fn_kwargs={"packed": packed}))
+    ds = (parts_[0].union(*parts_[1:]).groupby("gid", num_partitions=parts)
+          .map_groups(_ev_attach_group, batch_format="pyarrow")
+          .groupby(["w", "b"], num_partitions=parts)
+          .map_groups(_ev_pair_group, batch_format="pyarrow"))
+    got = _collect(ds, ["w", "b", "containment", "cosine"])
+    return {(int(a), int(c)): (float(x), float(y)) for a, c, x, y in zip(
+        got["w"].tolist(), got["b"].tolist(), got["containment"].tolist(),
+        got["cosine"].tolist())}
+
+
 # ------------------------------------------------------------------ the pipeline
 def _pack(dropped: np.ndarray):
     import ray
@@ -490,7 +600,8 @@ def deduplicate_ray(shards, *, exact: bool = True, fuzzy: bool = True, near: boo
                     max_cluster_rows: int = MAX_CLUSTER_ROWS, id_column: str = "id",
                     quality_column: str = "quality", embedding_column: str = "embedding",
                     expected_dim: int | None = None, shuffle_partitions: int | None = None,
-                    log=None) -> DedupResult:
+                    near_containment: float = NEAR_MIN_CONTAINMENT,
+                    fuzzy_min_shingles: int = FUZZY_MIN_SHINGLES, log=None) -> DedupResult:
     """:func:`dedup.deduplicate` on a Ray cluster (the one ``ray.init`` connected this process
     to; a local one is started when none is). ``shards``: :class:`ShardSource` per shard, in
     shard-index order. ``shuffle_partitions``: partitions of each groupby (None: Ray's
@@ -506,7 +617,8 @@ def deduplicate_ray(shards, *, exact: bool = True, fuzzy: bool = True, near: boo
             boilerplate_min_docs=boilerplate_min_docs, seed=seed,
             kmeans_sample_rows=kmeans_sample_rows, max_cluster_rows=max_cluster_rows,
             cols=_Cols(id_column, quality_column, embedding_column), expected_dim=expected_dim,
-            parts=shuffle_partitions, log=log or (lambda msg: None))
+            parts=shuffle_partitions, near_containment=near_containment,
+            fuzzy_min_shingles=fuzzy_min_shingles, log=log or (lambda msg: None))
     except DataContractError:
         raise
     except Exception as exc:  # a Ray task's failure: its contract error, if it was one
@@ -518,8 +630,8 @@ def deduplicate_ray(shards, *, exact: bool = True, fuzzy: bool = True, near: boo
 
 def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows_per_cluster,
                      probes, boilerplate_min_docs, seed, kmeans_sample_rows, max_cluster_rows,
-                     cols, expected_dim,
-                     parts, log) -> DedupResult:
+                     cols, expected_dim, parts, near_containment, fuzzy_min_shingles,
+                     log) -> DedupResult:
     import ray
     import ray.data
 
@@ -529,11 +641,11 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
     if not ray.is_initialized():
         ray.init()
     stats = {"rows": n, "threshold": threshold, "exact": exact, "fuzzy": fuzzy,
-             "containment": containment, "near": near, "engine": "ray"}
+             "containment": containment, "near": near, "near_containment": near_containment,
+             "fuzzy_min_shingles": fuzzy_min_shingles, "engine": "ray"}
     dup_of = np.full(n, -1, dtype=np.int64)
     reason = np.zeros(n, dtype=np.int8)
     cosine = np.full(n, np.nan)
-    contain = {}
 
     def items(rows):
         return ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
@@ -568,7 +680,8 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
     if fuzzy and keyed is not None:
         packed = _pack(dup_of >= 0)
         cand = (keyed.map_batches(_band_batch, batch_format="pyarrow",
-                                  fn_kwargs={"packed": packed, "seed": seed})
+                                  fn_kwargs={"packed": packed, "seed": seed,
+                                             "min_shingles": int(fuzzy_min_shingles)})
                 .groupby("bucket", num_partitions=parts)
                 .map_groups(_band_group, batch_format="numpy"))
         halves = cand.map_batches(_halves_batch, batch_format="pyarrow")
@@ -588,7 +701,6 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
             best.setdefault(int(w[o]), (int(b[o]), float(c[o])))
         for r, (o, cc) in best.items():
             dup_of[r], reason[r], cosine[r] = o, _FUZZY, np.nan
-            contain[r] = cc
         stats["fuzzy_dropped"] = len(best)
         stats["fuzzy_pairs"] = int(w.size)
         log(f"dedup (ray): {len(best):,} fuzzy duplicates from {w.size:,} verified pairs")
@@ -635,6 +747,21 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
         stats["near_dropped"] = int(sel.size)
         log(f"dedup (ray): {sel.size:,} near duplicates in {k:,} clusters")
 
+    # the evidence of every dropped pair (containment and cosine), and the semantic stage's
+    # text guard: a near pair whose texts do not overlap at near_containment stays
+    drop = np.flatnonzero(dup_of >= 0)
+    features = (items(feat_items)
+                .map_batches(_read_features, batch_size=1, batch_format="numpy",
+                             fn_kwargs={"cols": cols, "dim": expected_dim}))
+    ev = _evidence(drop, dup_of[drop], n, keyed, features, parts)
+    if near and n > 1 and keyed is not None:
+        veto = [i for i in np.flatnonzero(reason == _NEAR).tolist()
+                if not ev[(i, int(dup_of[i]))][0] >= near_containment]
+        dup_of[veto], reason[veto], cosine[veto] = -1, 0, np.nan
+        stats["near_text_vetoed"] = len(veto)
+        stats["near_dropped"] = int((reason == _NEAR).sum())
+        log(f"dedup (ray): {len(veto):,} near duplicates kept by the text guard")
+
     drop = np.flatnonzero(dup_of >= 0)
     keep = dup_of < 0
     shard_of = np.searchsorted(offsets, np.arange(n), side="right") - 1 if n else np.zeros(0, int)
@@ -643,12 +770,17 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
         s = int(shard_of[i])
         return s, int(i - offsets[s])
 
+    kept = kept_rows(dup_of)
     dropped = []
     for i in drop.tolist():
-        (s, r), (ds_, dr) = where(i), where(dup_of[i])
+        (s, r), (ds_, dr), (ks, kr) = where(i), where(dup_of[i]), where(kept[i])
+        why = str(_REASONS[reason[i]])
+        cont, cos = ev[(i, int(dup_of[i]))]
         dropped.append({"shard": s, "row": r, "dup_of_shard": ds_, "dup_of_row": dr,
-                        "reason": str(_REASONS[reason[i]]), "cosine": float(cosine[i]),
-                        "containment": float(contain.get(i, np.nan))})
+                        "kept_shard": ks, "kept_row": kr, "reason": why, "kind": KINDS[why],
+                        "cosine": float(cosine[i]) if why == "near" else cos,
+                        "containment": (1.0 if why == "exact" else cont) if keyed is not None
+                        else float("nan")})
     masks = [keep[offsets[s]:offsets[s + 1]] for s in range(len(shards))]
     stats.update(dropped=int(drop.size), kept=int(keep.sum()),
                  dropped_fraction=float(drop.size / max(1, n)),
