@@ -390,14 +390,22 @@ def _select_held(shards, chosen, k, cfg, dev, mem_budget, blocks, budget, n, tok
         glob, route, shard_routes = _random_blocks(parts, k, cfg, dev, mem_budget,
                                                    blocks or len(shards), log)
         priority, scores = None, None
-    tokens_info = None
+    tokens_info, filled = None, None
     q_all = np.concatenate([np.asarray(p.quality, dtype=np.float64) for p in parts])
     if budget.kind == "tokens":
         tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in shards])
-        mask = np.zeros(n, dtype=bool)
-        mask[glob] = True
-        mask = fit_tokens(mask, q_all if priority is None else priority, tok, int(budget.value))
-        glob = np.flatnonzero(mask)
+        filled = np.flatnonzero(fit_tokens(np.zeros(n, dtype=bool), q_all, tok,
+                                           int(budget.value)))
+        if chosen == "gather" and cfg.term_label in HAS_STATS:
+            rows, info = _tokens_held(g, tok[g.order], sel.indices, cfg, dev, mem_budget,
+                                      int(budget.value), log)
+            glob = g.order[rows]
+            notes.append(_token_note(info))
+        else:
+            mask = np.zeros(n, dtype=bool)
+            mask[glob] = True
+            glob = np.flatnonzero(fit_tokens(mask, q_all if priority is None else priority,
+                                             tok, int(budget.value)))
         tokens_info = _tokens_info(budget.value, tok[glob].sum(), tokens_total, tok.max())
         k, scores = int(glob.size), None
     glob = np.sort(np.asarray(glob, dtype=np.int64))
@@ -406,12 +414,54 @@ def _select_held(shards, chosen, k, cfg, dev, mem_budget, blocks, budget, n, tok
         rng = np.random.default_rng(cfg.seed)
         sets = {"selection": glob, "quality_topk": _global_topk(q_all, k),
                 "random": np.sort(rng.choice(n, size=k, replace=False))}
+        if filled is not None:
+            sets["quality_topk_tokens"] = filled
         scores = _score_whole(shards, sets, cfg, dev)
     selected = {}
     for i, s in enumerate(shards):
         lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
         selected[s.key] = s.own_rows(glob[lo:hi] - offsets[i])
     return selected, route, scores, WHOLE, [], None, shard_routes, tokens_info, notes
+
+
+def _tokens_held(g: _Gathered, tok, start, cfg, dev, mem_budget, target: int, log):
+    """gather's token budget: the gathered corpus as one part through the exchange's cost-aware
+    token moves (:meth:`sharded.ShardedRun.token_budget`), in this process, from the
+    row-budget selection ``start``: (rows of ``g``, the search's log)."""
+    import shutil
+    import tempfile
+
+    from .checkpoint import RunState
+    from .executor import InProcess
+    from .sharded import RunContext, ShardedRun, task_rows
+
+    part = Part(g.embeddings, g.quality, g.ids)
+    one = CorpusShard(key="gathered", n=part.n, load=lambda: part, tokens=tok)
+    temp = tempfile.mkdtemp(prefix="corpus-tokens-")
+    try:
+        state = RunState(temp, {"tokens": target})
+        state.prepare()
+        ctx = RunContext(cfg=cfg, term=cfg.term_label, lamb=cfg.lamb, d=part.d,
+                         ref=np.asarray(part.embeddings[0], dtype=np.float64)
+                         if cfg.term_label == "DiSF" else None,
+                         state=state, device=str(dev), mem_budget=mem_budget)
+        run = ShardedRun([one], ctx, InProcess(), int(np.asarray(start).size), log)
+        run.start({"gathered": np.asarray(start, dtype=np.int64)})
+        info = run.token_budget(target, candidates=4096, max_rounds=50, rtol=1e-7)
+        rows = task_rows(ctx, 0, run.versions[0])
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+    return rows, info
+
+
+def _token_note(info: dict) -> str:
+    """One line on how a token budget was met inside the objective."""
+    rounds = [r for r in info["rounds"] if not r.get("undone")]
+    ref = (f"; the quality order filled to the target: f={info['f_quality_filled']:.8g}"
+           if "f_quality_filled" in info else "")
+    return (f"token budget by gain per token: start {info['start']} (fit: "
+            f"{info['dropped']:,} dropped, {info['added']:,} added, f={info['f_fitted']:.8g}"
+            f"{ref}); {len(rounds)} cost-aware swap round(s) to f={info['f']:.8g}")
 
 
 def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, fits, why, ex,
@@ -462,11 +512,19 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
         timings["select_s"] = time.perf_counter() - t0
         if chosen == "exchange":
             timings["rounds_s"] = timings["select_s"] - timings["shards_s"]
-        tokens_info = None
-        if budget.kind == "tokens":
+        tokens_info, filled = None, None
+        if budget.kind == "tokens" and run.st is not None:
+            got = run.token_budget(int(budget.value), candidates, max_rounds, 1e-7,
+                                   search=chosen == "exchange", reference=chosen == "exchange")
+            notes.append(_token_note(got))
+            if run.reference is not None:
+                filled = run.reference
+        elif budget.kind == "tokens":
             got = run.fit_tokens([s.tokens for s in shards], int(budget.value))
+        if budget.kind == "tokens":
             tokens_info = _tokens_info(budget.value, got["selected"], got["corpus"],
                                        got["largest_document"])
+            timings["tokens_s"] = time.perf_counter() - t0 - timings["select_s"]
         t1 = time.perf_counter()
         if fits:
             selected_kept = run.ex.map(task_rows, [(i, run.versions[i])
@@ -478,10 +536,14 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
             rng = np.random.default_rng(cfg.seed)
             sets = {"selection": glob, "quality_topk": _global_topk(q_all, run.k),
                     "random": np.sort(rng.choice(n, size=run.k, replace=False))}
+            if filled is not None:
+                sets["quality_topk_tokens"] = filled["rows"]
             scores, scored_by = _score_whole(shards, sets, cfg, dev), WHOLE
             selected = {s.key: s.own_rows(r) for s, r in zip(shards, selected_kept)}
         elif cfg.term_label in HAS_STATS:
             scores, selected = run.score(cfg.seed)
+            if filled is not None:
+                scores["quality_topk_tokens"] = filled["score"]
             scored_by = "sufficient statistics (exact f of the selected rows)"
         else:
             scores, scored_by = None, None

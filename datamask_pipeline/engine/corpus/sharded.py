@@ -164,6 +164,45 @@ def task_set_rows(ctx: RunContext, i: int, v_out: int, rows):
     return int(np.asarray(rows).size)
 
 
+def task_tokens_selected(ctx: RunContext, i: int, shard, version: int):
+    """The tokens of the shard's selected rows (token budgets)."""
+    rows, _ = ctx.state.load_rows(i, version)
+    return int(np.asarray(shard.tokens, dtype=np.int64)[rows].sum())
+
+
+def task_token_pass(shared, i: int, shard, version: int):
+    """One shard's candidates for a move of the token budget (:mod:`engine.corpus.knapsack`):
+    every row's gain per token under the corpus's statistics, then for each of ``wants``
+    (``in``, ``out``, ``fill``) its best ``m`` rows with their rows (float32), quality, tokens
+    and gain per token; for ``fill`` also how many non-members still fit ``slack``."""
+    from .knapsack import per_token, token_candidates, values_of
+
+    ctx, grad, dk, m, wants, slack = shared
+    st = ctx.stats()
+    rows, _ = ctx.state.load_rows(i, version)
+    part = _load(shard)
+    q = np.asarray(part.quality, dtype=np.float64)
+    t = np.asarray(shard.tokens, dtype=np.int64)
+    sel = _mask(part.n, rows)
+    rho = per_token(values_of(st, _torch(grad), dk, part.embeddings, q), t)
+    out = {}
+    for want in wants:
+        idx = token_candidates(rho, t, sel, m, want, slack)
+        out[want] = (idx, np.asarray(part.embeddings[idx], dtype=np.float32), q[idx], t[idx],
+                     rho[idx])
+    if "fill" in wants:
+        out["fits"] = int(np.count_nonzero(~sel & (t <= slack)))
+    return out
+
+
+def task_stats_of(ctx: RunContext, i: int, shard, rows):
+    """The statistics of the given rows of a shard (a reference selection's share)."""
+    part = _load(shard)
+    return _np(statistics_of(ctx.stats(), part.embeddings,
+                             np.asarray(part.quality, dtype=np.float64),
+                             np.sort(np.asarray(rows, dtype=np.int64))))
+
+
 def task_quality(_, shard):
     """The shard's quality (token budgets' fit only)."""
     return np.asarray(_load(shard).quality, dtype=np.float64)
@@ -219,6 +258,7 @@ class ShardedRun:
         self.parts = None
         self.routes: dict = {}
         self.q_range = (np.inf, -np.inf)
+        self.reference = None  # token budgets: the quality order filled to the target
 
     # ---- the start
     def start(self, warm: dict | None) -> None:
@@ -355,6 +395,145 @@ class ShardedRun:
         self.k = int(sel.sum())
         return {"selected": int(tok[sel].sum()), "largest_document": int(tok.max()),
                 "corpus": int(tok.sum())}
+
+    # ---- token budgets: cost-aware moves (engine.corpus.knapsack)
+    def _token_pass(self, m: int, wants: tuple, slack: int | None = None):
+        """Every shard's candidates for a token move, joined: {want: (shard of each row, row,
+        rows in the statistics' frame, quality, tokens, gain per token)}, and the number of
+        non-members that still fit ``slack``."""
+        from .knapsack import k_slope
+
+        grad = _np(self.st.gradient(self.parts, self.k))
+        dk = k_slope(self.st, self.parts, self.k)
+        res = self.ex.map(task_token_pass,
+                          [(i, s, self.versions[i]) for i, s in enumerate(self.shards)],
+                          shared=(self.ctx, grad, dk, m, wants, slack))
+        out = {}
+        for want in wants:
+            got = [r[want] for r in res]
+            out[want] = (np.concatenate([np.full(g[0].size, i) for i, g in enumerate(got)]),
+                         np.concatenate([g[0] for g in got]),
+                         self.st.rows(np.concatenate([g[1] for g in got])),
+                         np.concatenate([g[2] for g in got]),
+                         np.concatenate([g[3] for g in got]).astype(np.int64),
+                         np.concatenate([g[4] for g in got]))
+        return out, sum(r.get("fits", 0) for r in res)
+
+    def _token_move(self, cand, pos, sign: float) -> dict:
+        """Add (sign 1) or remove (-1) the candidates at ``pos``: statistics, k and tokens
+        here; {shard: rows} for :meth:`_apply`."""
+        owner, rows, x, q, t, _ = cand
+        self.parts = self.st.add(self.parts, x[pos], q[pos], sign=sign)
+        self.k += int(sign) * int(pos.size)
+        self.total += int(sign) * int(t[pos].sum())
+        return {int(i): rows[pos][owner[pos] == i] for i in np.unique(owner[pos])}
+
+    def _token_fit(self, target: int, m: int) -> dict:
+        """Drop the members of lowest gain per token while over ``target``, then add the
+        non-members of highest gain per token while one fits: at most ``target`` tokens and
+        no unselected row that still fits."""
+        from .knapsack import pick_drop, pick_fill
+
+        dropped = added = 0
+        while self.total > target:
+            cand, _ = self._token_pass(m, ("out",))
+            pos = pick_drop(cand["out"][5], cand["out"][4], self.total - target)
+            moves = self._token_move(cand["out"], pos, -1.0)
+            self._apply({i: ([], r) for i, r in moves.items()})
+            dropped += int(pos.size)
+        while True:
+            slack = target - self.total
+            cand, fits = self._token_pass(m, ("fill",), slack)
+            if fits == 0:
+                break
+            pos = pick_fill(cand["fill"][5], cand["fill"][4], slack)
+            moves = self._token_move(cand["fill"], pos, 1.0)
+            self._apply({i: (r, []) for i, r in moves.items()})
+            added += int(pos.size)
+        return {"dropped": dropped, "added": added}
+
+    def token_budget(self, target: int, candidates: int, max_rounds: int, rtol: float,
+                     search: bool = True, reference: bool = True) -> dict:
+        """A token budget inside the objective, for a term with statistics: the start (the
+        row-budget selection) fitted to ``target`` by gain per token; with ``reference``, the
+        corpus's quality order filled to the target (``fit_tokens`` from nothing) is scored too
+        and the better of the two is the start; with ``search``, cost-aware swap rounds
+        (:func:`knapsack.token_swap_search`, then the fit) while a round raises f. The result
+        holds at most ``target`` tokens, no unselected row still fits, and f is never below
+        the start's. Reading every shard's quality for the reference is O(rows) here."""
+        from .budget import fit_tokens
+        from .knapsack import token_swap_search
+
+        m = max(16, min(candidates, CANDIDATES_TOTAL // max(1, len(self.shards))))
+        self.total = int(sum(self.ex.map(task_tokens_selected,
+                                         [(i, s, self.versions[i])
+                                          for i, s in enumerate(self.shards)],
+                                         shared=self.ctx)))
+        fit = self._token_fit(target, m)
+        info = {"start": "the row-budget selection fitted by gain per token", **fit,
+                "rounds": [], "f_fitted": self.st.f(self.parts, self.k)["f"]}
+        self.log(f"corpus: token budget: start fitted by gain per token ({fit['dropped']:,} "
+                 f"dropped, {fit['added']:,} added), f={info['f_fitted']:.8g}")
+        self.reference = None
+        if reference:
+            q = np.concatenate(self.ex.map(task_quality, [(s,) for s in self.shards]))
+            tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in self.shards])
+            ref = fit_tokens(np.zeros(q.size, dtype=bool), q, tok, target)
+            offsets = np.cumsum([0] + [s.n for s in self.shards])
+            rows = [np.flatnonzero(ref[offsets[i]:offsets[i + 1]])
+                    for i in range(len(self.shards))]
+            parts = _sum_parts(self.st, self.ex.map(
+                task_stats_of, [(i, s, rows[i]) for i, s in enumerate(self.shards)],
+                shared=self.ctx))
+            k_ref = int(ref.sum())
+            f_ref = self.st.f(parts, k_ref)
+            self.reference = {"rows": np.flatnonzero(ref), "score": f_ref}
+            info["f_quality_filled"] = f_ref["f"]
+            if f_ref["f"] > info["f_fitted"]:
+                self.ex.map(task_set_rows, [(i, self.versions[i] + 1, rows[i])
+                                            for i in range(len(self.shards))], shared=self.ctx)
+                self.versions = [v + 1 for v in self.versions]
+                self.parts, self.k = _torch(_np(parts)), k_ref
+                self.total = int(tok[ref].sum())
+                info["start"] = "the quality order filled to the target (scored above the fit)"
+                self.log("corpus: token budget: the quality order filled to the target scores "
+                         f"f={f_ref['f']:.8g}, above the fit: the rounds start there")
+        for r in range(max_rounds if search else 0):
+            t0 = time.perf_counter()
+            before = (list(self.versions), self.parts, self.k, self.total)
+            f_before = self.st.f(self.parts, self.k)["f"]
+            cand, _ = self._token_pass(m, ("in", "out"))
+            ci, co = cand["in"], cand["out"]
+            self.parts, self.k, self.total, _, J, O = token_swap_search(
+                self.st, self.parts, self.k, self.total, target, ci[2], ci[3], ci[4],
+                co[2], co[3], co[4])
+            moves: dict = {}
+            for i in np.unique(ci[0][J]):
+                moves.setdefault(int(i), ([], []))[0].extend(ci[1][J][ci[0][J] == i].tolist())
+            for i in np.unique(co[0][O]):
+                moves.setdefault(int(i), ([], []))[1].extend(co[1][O][co[0][O] == i].tolist())
+            self._apply(moves)
+            fit = self._token_fit(target, m)
+            f_now = self.st.f(self.parts, self.k)["f"]
+            step = {"round": r + 1, "entered": int(J.size), "left": int(O.size),
+                    "filled": fit["added"], "f_before": f_before, "f": f_now,
+                    "seconds": time.perf_counter() - t0}
+            if not f_now > f_before + 1e-13 * max(1.0, abs(f_before)):
+                self.versions, self.parts, self.k, self.total = before  # undone: no gain
+                step.update(f=f_before, undone=True)
+                info["rounds"].append(step)
+                break
+            info["rounds"].append(step)
+            self.log(f"corpus: token round {r + 1}: {J.size:,} in, {O.size:,} out, "
+                     f"{fit['added']:,} filled, f={f_now:.8g}")
+            if f_now - f_before < rtol * max(abs(f_now), 1e-12):
+                break
+        info["f"] = self.st.f(self.parts, self.k)["f"]
+        tok_max = max(int(np.max(s.tokens)) if s.n else 0 for s in self.shards)
+        info.update(selected=int(self.total), largest_document=tok_max,
+                    corpus=int(sum(int(np.sum(s.tokens, dtype=np.int64))
+                                   for s in self.shards)))
+        return info
 
     def topk_threshold(self) -> tuple[float, list]:
         """The corpus's quality top-k without its rows: (t, rows at t each shard takes), from
