@@ -690,7 +690,8 @@ def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
 
     report = storage.join(data_root.corpus_dir(), "report.html")
     budget = CorpusBudget(summary["budget"]["kind"], summary["budget"]["value"]).label
-    storage.atomic_write_bytes(report, render_page(summary, budget, sources).encode())
+    pairs = duplicate_sample(data_root, contract, set(keys))
+    storage.atomic_write_bytes(report, render_page(summary, budget, sources, pairs).encode())
     return dg.MaterializeResult(metadata={
         "report": dg.MetadataValue.path(report),
         "shards": len(keys), "rewritten_shards": dg.MetadataValue.json(changed),
@@ -700,6 +701,49 @@ def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
         "selected_root": dg.MetadataValue.path(data_root.corpus_selected_root),
         "dagster/row_count": int(table.num_rows),
     })
+
+
+PAIRS_PER_KIND = 4
+
+
+def duplicate_sample(data_root: DataRoot, contract: DataContract, keys: set,
+                     per_kind: int = PAIRS_PER_KIND, seed: int = 0) -> list:
+    """A seeded sample of ``corpus/duplicates.parquet`` (up to ``per_kind`` dropped rows of
+    each kind, whose shards are all in ``keys``) with both texts, for the report's side-by-side
+    table; [] without a duplicates file or a text column."""
+    uri = storage.join(data_root.corpus_dir(), DUPLICATES)
+    column = contract.text_column or None
+    if not column or not storage.exists(uri):
+        return []
+    t = storage.read_table(uri)
+    if "kind" not in t.column_names or not t.num_rows:
+        return []
+    rows = [d for d in t.to_pylist() if d["partition_key"] in keys
+            and d["dup_of_partition_key"] in keys]
+    rng = np.random.default_rng(seed)
+    picked = []
+    for kind in ("exact", "fuzzy", "semantic"):
+        of = [d for d in rows if d["kind"] == kind]
+        picked += [of[i] for i in sorted(rng.choice(len(of), min(per_kind, len(of)),
+                                                    replace=False))] if of else []
+    want = {}
+    for d in picked:
+        want.setdefault(d["partition_key"], set()).add(d["row"])
+        want.setdefault(d["dup_of_partition_key"], set()).add(d["dup_of_row"])
+    texts = {}
+    for key, rs in want.items():
+        rs = sorted(rs)
+        col = storage.read_column(data_root.raw_shard(key), column)
+        if col is None:
+            return []
+        raw = raw_row_numbers(data_root.features(key), np.asarray(rs, dtype=np.int64))
+        got = col.take(pa.array(np.asarray(raw, dtype=np.int64))).to_pylist()
+        texts.update({(key, r): v for r, v in zip(rs, got)})
+    return [{"kind": d["kind"], "containment": d["containment"], "cosine": d["cosine"],
+             "dropped": f"{d['partition_key']} row {d['row']} (id {d['id']})",
+             "kept": f"{d['dup_of_partition_key']} row {d['dup_of_row']} (id {d['dup_of_id']})",
+             "dropped_text": texts[(d["partition_key"], d["row"])],
+             "kept_text": texts[(d["dup_of_partition_key"], d["dup_of_row"])]} for d in picked]
 
 
 def _raw_ids_at(raw_uri: str, id_column: str, rows: np.ndarray):

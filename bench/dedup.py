@@ -594,8 +594,9 @@ LABELLED_SETTINGS = (
     # (name, deduplicate keyword arguments)
     ("ours (defaults)", {}),
     ("ours, no text guard on the semantic stage", {"near_containment": 0.0}),
-    ("ours, no text guard, fuzzy min 3-grams 1", {"near_containment": 0.0,
-                                                   "fuzzy_min_shingles": 1}),
+    ("ours, no text guard, threshold 0.98 (the old defaults)", {"near_containment": 0.0,
+                                                                 "threshold": 0.98}),
+    ("ours, fuzzy stage only on texts of >= 8 3-grams", {"fuzzy_min_shingles": 8}),
     ("ours, common lines kept (no boilerplate rule)", {"boilerplate_min_docs": None}),
     ("ours, exact+fuzzy only", {"near": False}),
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from .shard_report import COLORS, _new_figure, _png, _style, render
 
-__all__ = ["render_page", "shares_figure", "headline"]
+__all__ = ["render_page", "shares_figure", "headline", "excerpt"]
 
 
 def _share(p: float) -> str:
@@ -67,8 +67,26 @@ def _share_rows(names, rows, selected):
             for n, r, s in zip(names, rows, selected)]
 
 
-def render_page(summary: dict, budget: str, sources: dict | None = None) -> str:
-    """The page's HTML. ``sources``: {source: (rows in the corpus, rows selected)}."""
+EXCERPT_CHARS = 400
+
+
+def excerpt(text: str | None, chars: int = EXCERPT_CHARS) -> str:
+    """The first ``chars`` characters of a text (line breaks kept), "…" where cut."""
+    if text is None:
+        return "(no text)"
+    return text if len(text) <= chars else text[:chars].rstrip() + " …"
+
+
+def _measure(v) -> str:
+    return "n/a" if v is None or v != v else f"{v:.3f}"
+
+
+def render_page(summary: dict, budget: str, sources: dict | None = None,
+                duplicate_pairs: list | None = None) -> str:
+    """The page's HTML. ``sources``: {source: (rows in the corpus, rows selected)}.
+    ``duplicate_pairs``: a sample of the dedup's dropped rows, each a dict of kind,
+    containment, cosine, the dropped row's and its duplicate's label (shard, row, id) and
+    text, shown side by side so a reader can judge them."""
     keys = sorted(summary["sizes"])
     rows = [summary["sizes"][k] for k in keys]
     sel = [summary["counts"].get(k, 0) for k in keys]
@@ -100,7 +118,12 @@ def render_page(summary: dict, budget: str, sources: dict | None = None) -> str:
         dedup = [["deduplication", "off"]]
     else:
         dedup = None
+    pairs = [{"kind": d["kind"], "containment": _measure(d.get("containment")),
+              "cosine": _measure(d.get("cosine")), "dropped": d["dropped"],
+              "kept": d["kept"], "dropped_text": excerpt(d.get("dropped_text")),
+              "kept_text": excerpt(d.get("kept_text"))} for d in duplicate_pairs or []]
     return render("corpus_selection.html.j2", title="Corpus selection", summary=summary, dedup=dedup,
+                  duplicate_pairs=pairs,
                   budget=budget, headline=headline(summary, budget), excluded=sorted((summary.get("excluded") or {}).items()),
                   score_rows=score_rows, figures=figures,
                   shard_rows=_share_rows(keys, rows, sel), source_rows=source_rows,

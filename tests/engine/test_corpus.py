@@ -458,3 +458,51 @@ def test_warm_start_takes_a_new_shard_without_selecting_the_others_again():
     count = {k: sum(1 for key, _ in reads if key == k) for k in ("f00", "f01", "f02", "f03")}
     assert count["f01"] == count["f02"] == count["f03"] >= len(new.rounds) + 1
     assert count["f00"] - count["f01"] in (0, 1)
+
+
+WEB_HEAD = ["Python 3.13 documentation", "Home | Library Reference | Language Reference | "
+            "Tutorial | FAQ | Glossary | Search", "Previous topic | Next topic | This page | "
+            "Report a bug | Show source"]
+WEB_FOOT = ["© Copyright 2001-2024, Python Software Foundation.",
+            "This page is licensed under the Python Software Foundation License Version 2.",
+            "Examples, recipes, and other code in the documentation are additionally licensed "
+            "under the Zero Clause BSD License.",
+            "See History and License for more information.",
+            "The Python Software Foundation is a non-profit corporation. Please donate."]
+
+
+def test_semantic_stage_keeps_template_pages_whose_own_content_differs():
+    """Pages on one web template (navigation, a license block) around one short sentence of
+    their own embed together (the default model: pairs at cosine >= the threshold), but are
+    not duplicates: the text guard keeps every one; an exact copy of one still goes."""
+    from datamask_pipeline.engine.corpus.dedup import DEFAULT_THRESHOLD, deduplicate
+    from datamask_pipeline.engine.embed import load_embedder
+    from tests.engine.text_corpus import python_sentences
+
+    from datamask_pipeline.engine.corpus.dedup import normalised_text_keys, pair_containment
+
+    own = []  # short sentences of the manual, none sharing a third of its 3-grams with another
+    for s in python_sentences(600):
+        k = normalised_text_keys([s])[0]
+        if 6 <= len(s.split()) <= 10 and all(
+                not pair_containment(k, o) >= 0.3 for o in normalised_text_keys(own)):
+            own.append(s)
+        if len(own) == 60:
+            break
+    pages = ["\n".join(WEB_HEAD + [o] + WEB_FOOT) for o in own]
+    texts = pages + [pages[0].upper()]  # one exact copy (other case)
+    x = load_embedder().embed(texts)
+    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    c = xn[:60] @ xn[:60].T
+    np.fill_diagonal(c, -1)
+    assert (c.max(1) >= DEFAULT_THRESHOLD).mean() > 0.2  # cosine alone would call them copies
+    n = len(texts)
+    q = np.r_[np.linspace(0.9, 0.5, 60), 0.1]
+    args = (x, q, np.arange(n), np.zeros(n, dtype=int), np.arange(n),
+            np.asarray(texts, dtype=object))
+    res = deduplicate(*args)
+    assert [(d["row"], d["dup_of_row"], d["kind"]) for d in res.dropped] == [(60, 0, "exact")]
+    assert res.stats["near_text_vetoed"] > 0
+    # cosine alone (no text guard) drops template pages: what the guard prevents
+    loose = deduplicate(*args, near_containment=0.0)
+    assert sum(d["kind"] == "semantic" for d in loose.dropped) > 5

@@ -210,6 +210,8 @@ def test_duplicates_across_shards_are_dropped_with_lineage_and_a_new_shard_of_co
     assert not any(k == "shard_copy" for k, _ in chosen2)
     assert {(KEYS[0], r) for r in picked} <= chosen2
     assert _meta(second, "corpus_subset")["rewritten_shards"].value == ["shard_copy"]
+    _check_duplicates_section(open(_meta(second, "corpus_subset")["report"].value).read(),
+                              dups.to_pylist(), data_root)
 
     # one setting turns it off: nothing dropped, every row may be selected
     off = dg.materialize(
@@ -220,6 +222,35 @@ def test_duplicates_across_shards_are_dropped_with_lineage_and_a_new_shard_of_co
                                                                   select_rows=60)}))
     assert _meta(off, "corpus_dedup")["dropped"].value == 0
     assert _meta(off, "corpus_selection")["rows_after_dedup"].value == 3 * ROWS + 10
+
+
+def _check_duplicates_section(page: str, dups: list, data_root):
+    """The report's side-by-side sample: up to 4 dropped rows of each kind, each with its kind,
+    containment and cosine as in duplicates.parquet, and both rows' raw text."""
+    import html
+    import re
+
+    assert "Duplicates: a sample of dropped rows" in page
+    by = {(d["partition_key"], d["row"]): d for d in dups}
+    cells = re.findall(r"<tr><td>(\w+)</td><td>([^<]*)</td><td>([^<]*)</td>\s*"
+                       r"<td><b>(\S+) row (\d+) \(id [^)]*\)</b><pre class=\"excerpt\">(.*?)</pre></td>"
+                       r"\s*<td><b>(\S+) row (\d+) \(id [^)]*\)</b><pre class=\"excerpt\">(.*?)</pre>",
+                       page, re.S)
+    kinds = {}
+    for d in dups:
+        kinds[d["kind"]] = kinds.get(d["kind"], 0) + 1
+    assert len(cells) == sum(min(4, c) for c in kinds.values()) > 0
+    texts = {}
+    for kind, cont, cos, key, row, text, okey, orow, otext in cells:
+        d = by[(key, int(row))]
+        assert kind == d["kind"] and (d["dup_of_partition_key"], d["dup_of_row"]) == (okey, int(orow))
+        assert cont == f"{d['containment']:.3f}" and cos == f"{d['cosine']:.3f}"
+        for k, r, shown in ((key, int(row), text), (okey, int(orow), otext)):
+            if k not in texts:
+                texts[k] = pq.read_table(data_root.raw_shard(k)).column("text").to_pylist()
+            raw = texts[k][r]
+            assert html.unescape(shown).rstrip(" …") == raw[:400].rstrip() or \
+                html.unescape(shown) == raw
 
 
 def test_a_corpus_of_duplicates_fails_readably(instance, data_root, resources):
