@@ -162,6 +162,7 @@ BATCH_ROWS = 65536
 ROW_GROUP_ROWS = 8192
 
 ID, QUALITY, EMBEDDING = "id", "quality", "embedding"
+LANGUAGE = "language"
 EMBEDDING_TYPE = pa.list_(pa.float32())
 
 @dg.observable_source_asset(
@@ -184,11 +185,15 @@ def raw_shard(context, data_root: DataRoot) -> dg.DataVersionsByPartition:
         {key: scan.signature(key) for key in scan.files if key in registered})
 
 
-def features_schema(id_type: pa.DataType, raw_row: bool = False) -> pa.Schema:
+def features_schema(id_type: pa.DataType, raw_row: bool = False,
+                    language: bool = False) -> pa.Schema:
     """The canonical features schema; ``raw_row``: with the raw row number of each row (only
-    when rows were quarantined, so that the features are not the raw file row for row)."""
+    when rows were quarantined, so that the features are not the raw file row for row);
+    ``language``: with each row's language (when the heuristic scored the quality from the
+    text, ``engine.quality``)."""
     fields = [(ID, id_type), (QUALITY, pa.float64()), (EMBEDDING, EMBEDDING_TYPE)]
-    return pa.schema(fields + ([(RAW_ROW, pa.int64())] if raw_row else []))
+    return pa.schema(fields + ([(LANGUAGE, pa.string())] if language else [])
+                     + ([(RAW_ROW, pa.int64())] if raw_row else []))
 
 
 def _canonical_id_type(t: pa.DataType) -> pa.DataType:
@@ -274,7 +279,8 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
                               skip)
             reader = embedded.reader()
         id_type = _canonical_id_type(pf.schema_arrow.field(columns.id).type)
-        schema = features_schema(id_type, raw_row=skip is not None)
+        langs = None if scored is None else scored.languages
+        schema = features_schema(id_type, raw_row=skip is not None, language=langs is not None)
         if skip is not None:
             schema = schema.with_metadata({META_QUARANTINED: str(skip.count).encode(),
                                            META_RAW_ROWS: str(skip.n).encode()})
@@ -303,9 +309,12 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
                         batch, columns, str(raw_uri), id_type,
                         None if embedded is None else reader.take(batch.num_rows),
                         None if scored is None else scored.scores[rows:rows + batch.num_rows])
+                    extra = [] if langs is None else [
+                        pa.array(langs[rows:rows + batch.num_rows], pa.string())]
                     if skip is not None:
-                        out = pa.RecordBatch.from_arrays(
-                            [*out.columns, pa.array(at, pa.int64())], schema=schema)
+                        extra.append(pa.array(at, pa.int64()))
+                    if extra:
+                        out = pa.RecordBatch.from_arrays([*out.columns, *extra], schema=schema)
                     writer.write_batch(out, row_group_size=ROW_GROUP_ROWS)
                     rows += out.num_rows
                     vc = pc.value_counts(pc.list_value_length(out.column(EMBEDDING)))

@@ -47,9 +47,10 @@ TABLE = "features"
 VALIDATION_MEMORY_LIMIT = "1GB"
 RULE_SCHEMA = "canonical features schema"
 EXPECTED_TYPES = {ID: ("BIGINT", "VARCHAR"), QUALITY: ("DOUBLE",), EMBEDDING: ("FLOAT[]",)}
-# The column a features file has only when ingestion quarantined rows (``engine.data.RAW_ROW``):
-# each row's row number in the raw file.
-OPTIONAL_TYPES = {RAW_ROW: ("BIGINT",)}
+# The columns a features file has only sometimes: when ingestion quarantined rows
+# (``engine.data.RAW_ROW``), each row's row number in the raw file; when the heuristic scored the
+# quality from the text, each row's language (``engine.quality``).
+OPTIONAL_TYPES = {RAW_ROW: ("BIGINT",), "language": ("VARCHAR",)}
 
 # The contract's rules each value check evaluates, in the engine's order: every rule with a SQL
 # form, each in one check (the others are enforced while ingesting the raw file).

@@ -368,6 +368,8 @@ class QualityResult:
     computed: int
     reused: int
     seconds: float
+    # each row's language (ISO 639-1) where the scorer detects it (the heuristic), else None
+    languages: Optional[np.ndarray] = None
 
     def metadata(self) -> dict:
         q = self.scores
@@ -380,12 +382,13 @@ class QualityResult:
                 "quality_max": float(q.max()) if len(q) else None}
 
 
-def _read_scores(uri) -> np.ndarray:
+def _read_scores(uri) -> tuple:
+    """(scores, languages or None) of one chunk file."""
     fs, path = storage.resolve(uri)
     with fs.open_input_stream(path) as fh:
         data = fh.read()
     with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        return z["scores"]
+        return z["scores"], (z["languages"] if "languages" in z.files else None)
 
 
 def score_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TEXT],
@@ -405,24 +408,31 @@ def score_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TE
     scorer = scorer or load_scorer()
     path = str(raw_uri)
     t0 = time.perf_counter()
-    parts, chunks, computed, reused = [], [], 0, 0
+    parts, langs, chunks, computed, reused = [], [], [], 0, 0
     with TextChunks(raw_uri, text_column, chunk_rows, storage.join(checkpoint_dir, scorer.key),
                     id_column, skip) as reader:
         for c in reader:
             if c.cached:
-                scores = _read_scores(c.uri)
+                scores, lang = _read_scores(c.uri)
                 reused += 1
             else:
-                scores = np.asarray(scorer.score(c.texts), np.float64)
+                lang = None
+                if isinstance(scorer, HeuristicScorer):
+                    scores, lang = scorer.score_languages(c.texts)
+                    lang = lang.astype(str)
+                else:
+                    scores = scorer.score(c.texts)
+                scores = np.asarray(scores, np.float64)
                 bad = ~np.isfinite(scores)
                 if bad.any():
                     raise _fail(C.Q_FINITE, bad, path, text_column, c.ids, c.start,
                                 detail=f"computed by the quality scorer {scorer.name}")
                 buf = io.BytesIO()
-                np.savez(buf, scores=scores)
+                np.savez(buf, scores=scores, **({} if lang is None else {"languages": lang}))
                 storage.atomic_write_bytes(c.uri, buf.getvalue())
                 computed += 1
             parts.append(scores)
+            langs.append(lang)
             chunks.append(c.uri)
             if progress is not None:
                 progress(QualityProgress(c.start + len(c.texts), reader.total, c.index + 1,
@@ -434,4 +444,6 @@ def score_shard(raw_uri, checkpoint_dir, text_column: str = C.DEFAULT_NAMES[C.TE
                          scorer=scorer.name, scorer_version=scorer.version,
                          scorer_key=scorer.key, text_sha256=text_sha, data_version=version,
                          chunks=tuple(chunks), computed=computed, reused=reused,
-                         seconds=time.perf_counter() - t0)
+                         seconds=time.perf_counter() - t0,
+                         languages=np.concatenate(langs).astype(object) if langs and all(
+                             x is not None for x in langs) else None)

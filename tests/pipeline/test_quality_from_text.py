@@ -54,6 +54,10 @@ def test_id_and_text_shard_through_the_chain(instance, data_root, id_text):
     feats = pq.read_table(data_root.features(KEY))
     np.testing.assert_array_equal(feats.column("quality").to_numpy(),
                                   HeuristicScorer().score(raw.column("text")))
+    # each row's language, as the scorer detected it, is a column of the features
+    _, langs = HeuristicScorer().score_languages(raw.column("text"))
+    assert feats.column("language").to_pylist() == list(langs)
+    assert feats.schema.names == ["id", "quality", "embedding", "language"]
     meta = _mats(result)["features"].metadata
     assert meta["quality_scorer"].value == "heuristic"
     assert "computed from raw column 'text' by heuristic" in \
