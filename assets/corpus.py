@@ -373,7 +373,7 @@ def _dedup_local(config: DedupConfig, data_root: DataRoot, contract: DataContrac
     ids_txt = [pc.cast(pa.array(p.ids), pa.string()).to_numpy(zero_copy_only=False)
                for p in parts]
     texts = None
-    if config.exact or config.fuzzy:
+    if config.exact or config.fuzzy or (config.near and config.near_containment > 0):
         got = [_raw_texts(data_root.raw_shard(s.key), contract.text_column,
                           data_root.features(s.key)) for s in shards_]
         if all(t is not None for t in got):
@@ -397,7 +397,8 @@ def _dedup_on_ray(context, config: DedupConfig, data_root: DataRoot, contract: D
     from datamask_pipeline.engine.corpus.dedup_ray import ShardSource, deduplicate_ray
 
     column = contract.text_column or None
-    texts = bool(column) and (config.exact or config.fuzzy) and all(
+    texts = bool(column) and (config.exact or config.fuzzy or (
+        config.near and config.near_containment > 0)) and all(
         column in raw_schema(data_root.raw_shard(s.key)).names for s in shards_)
     sources = [ShardSource(features=data_root.features(s.key),
                            raw=data_root.raw_shard(s.key) if texts else None,

@@ -636,7 +636,8 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
     import ray.data
 
     t0 = time.perf_counter()
-    offsets, feat_items, text_items = _plan(shards, cols, exact or fuzzy)
+    offsets, feat_items, text_items = _plan(
+        shards, cols, exact or fuzzy or (near and near_containment > 0))
     n = int(offsets[-1])
     if not ray.is_initialized():
         ray.init()
@@ -754,7 +755,7 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
                 .map_batches(_read_features, batch_size=1, batch_format="numpy",
                              fn_kwargs={"cols": cols, "dim": expected_dim}))
     ev = _evidence(drop, dup_of[drop], n, keyed, features, parts)
-    if near and n > 1 and keyed is not None:
+    if near and n > 1 and keyed is not None and near_containment > 0:
         veto = [i for i in np.flatnonzero(reason == _NEAR).tolist()
                 if not ev[(i, int(dup_of[i]))][0] >= near_containment]
         dup_of[veto], reason[veto], cosine[veto] = -1, 0, np.nan
