@@ -185,8 +185,8 @@ def test_readme_dedup_table_is_the_committed_run():
     assert r["modes"]["near only"]["recall"] < 0.5  # why the text kinds are on by default
     from datamask_pipeline.engine.corpus.dedup import DEFAULT_CONTAINMENT, DEFAULT_THRESHOLD
 
-    assert r["threshold"] == DEFAULT_THRESHOLD == 0.98 and r["containment"] == DEFAULT_CONTAINMENT
-    assert "threshold` (**0.98**)" in readme and "`containment` (0.8)" in readme
+    assert r["threshold"] == DEFAULT_THRESHOLD == 0.99 and r["containment"] == DEFAULT_CONTAINMENT
+    assert "threshold` (**0.99**)" in readme and "`containment` (0.8)" in readme
 
 
 def test_readme_quality_numbers_are_the_committed_run():
