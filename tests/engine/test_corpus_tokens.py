@@ -139,3 +139,26 @@ def test_token_swap_search_keeps_the_budget_and_raises_f():
     assert new.size == k2 and int(t[new].sum()) == total2 <= target
     exact = st.f(st.add(st.zero(), st.rows(x[new]), q[new]), k2)["f"]
     assert exact == pytest.approx(f2, rel=1e-9)
+
+
+def test_the_recorded_bench_is_rendered_and_holds_in_every_cell():
+    """bench/results/REPORT_corpus_tokens.md is the render of its JSON (with the command), and
+    in every recorded cell (both corpora, both skews, both terms, gather and exchange) the
+    cost-aware f is at least the quality order filled and the budget is met."""
+    import json
+    from pathlib import Path
+
+    from bench.corpus_tokens import render
+
+    res = Path(__file__).resolve().parents[2] / "bench" / "results"
+    r = json.loads((res / "results_corpus_tokens.json").read_text())
+    report = (res / "REPORT_corpus_tokens.md").read_text()
+    assert f"Command: `{r['command']}`" in report and render(r) in report
+    cells = r["cells"]
+    assert {(c["corpus"], c["skew"], c["term"], c["mode"]) for c in cells} == {
+        (corpus, skew, term, mode) for corpus in ("generated", "python_manual")
+        for skew in ("rising", "falling") for term in ("Pair_simi", "DiSF")
+        for mode in ("gather", "exchange")}
+    for c in cells:
+        assert c["f_cost_aware"] >= c["f_quality_filled"], c
+        assert c["target"] - c["largest_document"] < c["tokens_cost_aware"] <= c["target"], c
