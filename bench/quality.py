@@ -464,6 +464,30 @@ def report(res: dict) -> str:
     return "\n".join(lines)
 
 
+def docs_markdown(res: dict) -> str:
+    """The measured lines docs/quality.md shows (tests/engine/test_docs.py keeps them equal to
+    the committed results_quality.json)."""
+    from datamask_pipeline.engine import quality as Q
+
+    lines = ["| source | language | real / damaged | AUC | AUC, mildly damaged (`mixed`) | "
+             "median real / damaged | real at exactly 1.0 |", "|---|---|---|---:|---:|---|---:|"]
+    for name, m in res["sources"].items():
+        row = m["auc"][f"combination:{Q.COMBINATION}"]
+        lines.append(f"| {name} | {m['language']} | {m['good']} / {m['bad']} | "
+                     f"{row['all']:.3f} | {row['mixed']:.3f} | "
+                     f"{m['default_score_good']['median']:.3f} / "
+                     f"{m['default_score_bad']['median']:.3f} | {m['good_at_1']:.1%} |")
+    t = res["throughput"]
+    line = (f"Throughput at one thread on the {t['docs']:,} real documents "
+            f"({t['chars'] / t['docs']:,.0f} characters each on average): "
+            f"**{t['docs_per_s_per_core']:,.0f} documents/s per core**")
+    if res.get("baseline"):
+        b = res["baseline"]
+        line += (f"; the English-only scorer (`{b['commit']}`) on the same texts in the same "
+                 f"run: {b['docs_per_s_per_core']:,.0f}")
+    return "\n".join(lines + ["", line + "."])
+
+
 MAIN_JOB_ALGORITHMS = ("Pair_simi", "DiSF", "Facility")
 
 

@@ -3,13 +3,13 @@
 A :class:`Scorer` turns texts into one float per text. :func:`load_scorer` names one from a
 spec string:
 
-* ``heuristic`` (default): :class:`HeuristicScorer`, offline, CPU, no model: quality signals of
-  the kind the Gopher, C4 and FineWeb quality filters use (word count, mean word length,
-  alphabetic words, stop words, symbols, bullet / ellipsis lines, lines ending in punctuation,
-  duplicate lines and repeated n-grams, plus a word-order signal), each mapped to a pass degree
-  in [0, 1] and combined into one score in [0, 1]. Which signals, and how they are combined,
-  was chosen by measuring their separation of real text from damaged text (``bench/quality.py``,
-  ``bench/results/REPORT_quality.md``).
+* ``heuristic`` (default): :class:`HeuristicScorer`, offline, CPU, no downloaded model: each
+  text's language (py3langid), the quality signals of the Gopher, C4 and FineWeb filters that
+  apply to that language and script plus a word-order signal, each a degree in (0, 1) on a
+  smooth ramp at the published thresholds for the language (``quality_signals.THRESHOLDS``),
+  combined by a mean over the signals that apply (the power mean with exponent -2). Measured
+  per language and per kind of damage in ``bench/quality.py``
+  (``bench/results/REPORT_quality.md``).
 * ``fasttext:/path/model.bin[#__label__hq]``: a fastText classifier file (e.g. DCLM's
   ``openhermes_reddit_eli5_vs_rw_v2_bigram_200k_train.bin``); the score is the probability of
   the label (default: the model's first label). Needs ``pip install fasttext-wheel``.
@@ -93,9 +93,10 @@ class Scorer(abc.ABC):
 
 
 class HeuristicScorer(Scorer):
-    """The default: the combination (:data:`COMBINATION`, the geometric mean) of the degrees of
-    the signals that apply to each text (:data:`DEFAULT_SIGNALS`, at its language's thresholds),
-    in [0, 1]. Offline, CPU, no model beyond the language detector's; vectorised over a batch."""
+    """The default: the combination (:data:`COMBINATION`, the power mean with exponent -2) of
+    the degrees of the signals that apply to each text (:data:`DEFAULT_SIGNALS`, at its
+    language's thresholds), in [0, 1]. Offline, CPU, no model beyond the language detector's
+    (in the py3langid wheel); vectorised over a batch."""
 
     def __init__(self, combination: str = COMBINATION, names=None):
         if combination not in COMBINATIONS:

@@ -25,9 +25,9 @@ __all__ = ["Signal", "Threshold", "SIGNALS", "SIGNAL_BY_NAME", "THRESHOLDS", "ST
 # Characters of a text that are scored (bounded cost per row; the signals are fractions and
 # saturate long before this, except the word count, which counts up to it).
 MAX_CHARS = 100_000
-# Characters of a text that the language detector reads: py3langid's accuracy on the man pages
-# of 12 languages was 0.80 at 600 characters and 0.81 at 2,000 (bench/quality.py --languages),
-# at 2.5x the cost.
+# Characters of a text that the language detector reads: py3langid's accuracy on 515 man pages
+# of 13 languages was 0.802 at 600 characters and 0.808 at 2,000, at 2.5x the cost (measured
+# while choosing it; bench/quality.py --languages compares the detectors).
 LANGUAGE_CHARS = 600
 UNKNOWN_LANGUAGE = "und"
 
@@ -98,9 +98,11 @@ class Signal:
     """One quality signal. ``less_is_better``: the filters cap it (else they require a minimum);
     ``width``: how far past the threshold the credit falls to 0.05 (ours, when a row gives no
     ``bad``); ``log``: the ramp is on a log scale; ``words``: computed from whitespace words
-    (off for a text mostly in Chinese or Japanese script); ``from_zero``: a share of something
-    bad, graded from none (credit 0.95) through the published cap (0.5) to twice it (0.05),
-    so that a page with less of it ranks higher even below the cap."""
+    (off for a text mostly in Chinese or Japanese script); ``from_zero`` (a factor f > 0): a share
+    of something bad, graded from none (credit 0.95) to f times the published cap (0.05), so
+    that a page with less of it ranks higher even below the cap: f = 1 for duplicate lines (the
+    cap is where the filter drops a page), f = 2 for short lines (0.5 at the cap: real man pages
+    in every language sit near FineWeb's 0.67)."""
 
     name: str
     description: str
@@ -108,7 +110,7 @@ class Signal:
     width: float
     log: bool = False
     words: bool = False
-    from_zero: bool = False
+    from_zero: float = 0.0
 
 
 SIGNALS = (
@@ -128,9 +130,9 @@ SIGNALS = (
     Signal("punct_lines", "fraction of non-empty lines ending in terminal punctuation "
            "(. ! ? \" ' ” ’ … 。 ！ ？ and the like; not : or ))", False, 0.0),
     Signal("short_lines", "fraction of non-empty lines of at most 30 characters", True, 0.0,
-           from_zero=True),
+           from_zero=2.0),
     Signal("dup_lines", "fraction of non-empty lines that repeat an earlier line", True, 0.0,
-           from_zero=True),
+           from_zero=1.0),
     Signal("top_2gram", "share of the word 2-grams taken by the most frequent one", True, 0.2,
            words=True),
     Signal("dup_5gram", "fraction of word 5-grams that occur more than once", True, 0.35,
@@ -253,7 +255,7 @@ def _ramp_table(languages: tuple) -> dict:
 def _ramp(s: Signal, t: Threshold) -> tuple[float, float]:
     """(credit 0.05, credit 0.95) values of signal ``s`` under row ``t``."""
     if s.from_zero:
-        return 2.0 * float(t.good), 0.0
+        return s.from_zero * float(t.good), 0.0
     g = float(t.good)
     if t.bad is not None:
         return float(t.bad), g
@@ -574,20 +576,26 @@ def degrees(values: dict, languages) -> dict:
 
 
 # How the degrees become one score. Measured in bench/quality.py (per language and per kind of
-# damage, and through the selection). COMBINATION is the default's.
-COMBINATIONS = ("mean", "geomean", "min")
-COMBINATION = "geomean"
+# damage, and through the selection: python -m bench.quality --main-job 100). The selection
+# weighs the score's size, not only its order: under the arithmetic or geometric mean a page
+# that fails one or two signals still scores ~0.8, cheap for a diversity term that likes
+# outliers; the power mean with exponent -2 weighs a failing signal more (between the harmonic
+# mean and the minimum) and kept damaged pages out of pair-wise similarity's selection.
+COMBINATIONS = ("mean", "geomean", "harmonic", "power-2", "min")
+COMBINATION = "power-2"
 DEFAULT_SIGNALS = tuple(s.name for s in SIGNALS)
-_EPS = 0.02  # the floor of a degree inside the geometric mean (so one zero is not -inf)
+_EPS = 0.02  # the floor of a degree inside the geometric and power means (no 0 or -inf)
+_POWER = {"harmonic": -1.0, "power-2": -2.0}
 
 
 def combine(deg: dict, how: str = COMBINATION, names=None) -> np.ndarray:
     """One score in [0, 1] per text over the signals that apply to it (a NaN degree is left out
     and costs nothing), of ``names`` (default :data:`DEFAULT_SIGNALS`): ``mean``, the
-    arithmetic mean; ``geomean``, the geometric mean with each degree floored at 0.02, rescaled
-    so that 0.02 maps to 0 (one failing signal pulls the score down instead of being averaged
-    away); ``min``, the weakest signal (as a filter that needs every rule to pass). A text to
-    which no signal applies scores 0."""
+    arithmetic mean; ``geomean``, the geometric mean; ``harmonic`` and ``power-2``, the power
+    means with exponent -1 and -2 (the default: a failing signal pulls the score down instead of
+    being averaged away); these three floor each degree at 0.02 and rescale so that 0.02 maps to
+    0; ``min``, the weakest signal (as a filter that needs every rule to pass). A text to which
+    no signal applies scores 0."""
     names = list(names or DEFAULT_SIGNALS)
     x = np.stack([np.asarray(deg[k], np.float64) for k in names])  # (signals, n)
     ok = ~np.isnan(x)
@@ -597,6 +605,10 @@ def combine(deg: dict, how: str = COMBINATION, names=None) -> np.ndarray:
             s = np.where(ok, x, 0.0).sum(axis=0) / m
         elif how == "geomean":
             g = np.exp(np.where(ok, np.log(np.maximum(x, _EPS)), 0.0).sum(axis=0) / m)
+            s = (g - _EPS) / (1 - _EPS)
+        elif how in _POWER:
+            p = _POWER[how]
+            g = (np.where(ok, np.maximum(x, _EPS) ** p, 0.0).sum(axis=0) / m) ** (1.0 / p)
             s = (g - _EPS) / (1 - _EPS)
         elif how == "min":
             s = np.where(ok, x, np.inf).min(axis=0)
@@ -612,7 +624,8 @@ def _credit(s: Signal, t: Threshold) -> tuple[str, str]:
     bad, good = _ramp(s, t)
     rel = "≤" if s.less_is_better else "≥"
     if s.from_zero:
-        return f"0 (0.5 at {t.good:g})", f"≥ {round(bad, 6):g}"
+        return "0", f"≥ {round(bad, 6):g}" + (" (the cap)" if s.from_zero == 1.0 else
+                                              f" ({s.from_zero:g}× the cap)")
     return f"{rel} {good:g}", f"{'≥' if s.less_is_better else '≤'} {round(bad, 6):g}"
 
 

@@ -190,21 +190,26 @@ def test_readme_dedup_table_is_the_committed_run():
 
 
 def test_readme_quality_numbers_are_the_committed_run():
-    """The default quality scorer's AUCs and throughput (docs/quality.md) are bench.quality's."""
+    """The default quality scorer's thresholds table (docs/quality.md) is the code's one table,
+    re-rendered; its AUCs per language and its throughput are bench.quality's committed run,
+    which meets issue 25's bar: AUC >= 0.9 on real man pages against damaged copies in at least
+    four languages, and no real document at exactly 1.0."""
     import json
 
-    readme = page("quality.md")
-    r = json.loads((REPO / "bench" / "results" / "results_quality.json").read_text())
+    from bench.quality import docs_markdown
     from datamask_pipeline.engine import quality
+    from datamask_pipeline.engine.quality_signals import thresholds_markdown
 
-    default = r["default"]["combination"]
-    auc = {s: r["sources"][s]["auc"][f"combination:{default}"] for s in r["sources"]}
-    assert f"{auc['docstrings']['all']:.3f} (docstrings)" in readme
-    assert f"{auc['reference']['all']:.3f} (reference manual)" in readme
-    assert f"**{auc['man_pages']['all']:.3f}\non the held-out man pages** ({auc['man_pages']['mixed']:.3f}" in readme
-    assert f"**{r['throughput']['docs_per_s_per_core']:,.0f} documents/s per core**" in readme
-    assert default == quality.COMBINATION == "geomean"
+    text = page("quality.md")
+    assert thresholds_markdown() in text
+    r = json.loads((REPO / "bench" / "results" / "results_quality.json").read_text())
+    assert docs_markdown(r) in text and r["command"] in text
+    assert r["default"]["combination"] == quality.COMBINATION == "power-2"
     assert list(r["default"]["signals"]) == list(quality.DEFAULT_SIGNALS)
+    auc = {s: m["auc"]["combination:power-2"]["all"] for s, m in r["sources"].items()}
+    assert sum(auc[f"man_{lg}"] >= 0.9 for lg in ("en", "de", "fr", "es", "it", "ru")) == 6
+    assert all(m["good_at_1"] == 0.0 for m in r["sources"].values())
+    assert r["baseline"]["docs_per_s_per_core"] > 0 and r["throughput"]["docs_per_s_per_core"] > 0
 
 
 def test_readme_learner_at_the_papers_settings_is_the_committed_run():
@@ -280,26 +285,15 @@ def test_readme_dedup_through_the_main_job_is_the_committed_run():
 
 
 def test_readme_quality_through_the_main_job_is_the_committed_run():
-    """Issue 21: the default scorer through the README's main job on id+text files, half of
-    them damaged, and why its combination is the geometric mean (docs/quality.md's table)."""
+    """Issue 25: the default scorer through the README's main job on id+text files in four
+    languages, half of them damaged: the quality the job computed separates real from damaged
+    pages at AUC >= 0.9 in every language (docs/quality.md's table is the committed run)."""
     from bench.quality import main_job_markdown
     from datamask_pipeline.engine import quality
 
     r = json.loads((REPO / "bench" / "results" / "results_quality_main_job.json").read_text())
     assert main_job_markdown(r) in page("quality.md") and r["command"] in page("quality.md")
-    # the main job closes at least half the gap to the independent measure's top-k, every term
-    assert all(v["gap_closed"] >= 0.5 and v["selected"] == r["budget_rows"]
-               for v in r["algorithms"].values())
-    by = r["by_combination"]
-    assert quality.COMBINATION == "geomean"
-    # the default keeps more real pages than the mean under pair-wise diversity, and scores
-    # damaged text lower
-    assert by["geomean"]["Pair_simi"] > by["mean"]["Pair_simi"] + 0.1
-    assert by["geomean"]["score_damaged_median"] < by["mean"]["score_damaged_median"]
-    # "product and min ... keep a few more real pages here, at a held-out AUC no higher"
-    held = json.loads((REPO / "bench" / "results" / "results_quality.json").read_text())
-    auc = {c: held["sources"]["man_pages"]["auc"][f"combination:{c}"]["all"] for c in by}
-    for c in ("product", "min"):
-        assert by[c]["Pair_simi"] >= by["geomean"]["Pair_simi"] and auc[c] <= auc["geomean"]
-        assert by[c]["score_damaged_median"] == 0.0
-    assert abs(auc["mean"] - auc["geomean"]) < 0.005  # "tie on the AUC"
+    assert len(r["languages"]) >= 4 and r["computed_quality_rows"] == r["rows"]
+    assert all(a >= 0.9 for a in r["computed_quality_auc"].values())
+    assert all(v["selected"] == r["budget_rows"] for v in r["algorithms"].values())
+    assert quality.COMBINATION in r["by_combination"]
