@@ -138,12 +138,16 @@ def _groups(pf: pq.ParquetFile) -> list:
     return out
 
 
-def _plan(shards, cols: _Cols, texts_wanted: bool):
+def _plan(shards, cols: _Cols, texts_wanted: bool, texts_optional: bool = False):
     """(row offsets of the shards, feature read items, text read items or None): parquet
-    footers only; every file and column is checked here, before Ray runs anything."""
+    footers only; every file and column is checked here, before Ray runs anything. Texts
+    ``texts_optional`` (the semantic stage's text guard alone) are read when every shard has
+    them, and left out otherwise."""
     if not shards:
         return np.zeros(1, dtype=np.int64), [], None
     with_text = [s.raw is not None and s.text_column is not None for s in shards]
+    if texts_optional and not texts_wanted:
+        texts_wanted = all(with_text)
     if texts_wanted and any(with_text) and not all(with_text):
         missing = [i for i, w in enumerate(with_text) if not w]
         raise ValueError(f"exact/fuzzy deduplication needs every shard's raw file and text "
@@ -637,7 +641,7 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
 
     t0 = time.perf_counter()
     offsets, feat_items, text_items = _plan(
-        shards, cols, exact or fuzzy or (near and near_containment > 0))
+        shards, cols, exact or fuzzy, texts_optional=near and near_containment > 0)
     n = int(offsets[-1])
     if not ray.is_initialized():
         ray.init()
