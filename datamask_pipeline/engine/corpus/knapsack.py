@@ -104,8 +104,8 @@ def token_swap_search(stats: SelectionStats, parts: dict, k: int, total: int, ta
     move takes the b best entering rows by ρ and the fewest leaving rows of lowest ρ whose
     tokens keep the total within ``target``, and fills the room left from the other entering
     rows in the same order (so a move is judged on a set that is full again); b is the one of
-    largest linearised gain, halving until the exact f rises; values are re-taken after each accepted move. The total never
-    exceeds the target and f rises at every accepted move."""
+    largest linearised gain, halving until the exact f rises; values are re-taken after each
+    accepted move. The total never exceeds the target and f rises at every accepted move."""
     tin = np.asarray(tin, dtype=np.int64)
     tout = np.asarray(tout, dtype=np.int64)
     f_now = stats.f(parts, k)["f"]
