@@ -162,3 +162,25 @@ def test_the_recorded_bench_is_rendered_and_holds_in_every_cell():
     for c in cells:
         assert c["f_cost_aware"] >= c["f_quality_filled"], c
         assert c["target"] - c["largest_document"] < c["tokens_cost_aware"] <= c["target"], c
+
+
+def test_token_rounds_stop_at_the_time_budget_and_keep_the_budget():
+    t = make_table(600, dim=8, seed=3)
+    sh = table_to_shard(t, "corpus")
+    x, q = sh.embeddings, np.asarray(sh.quality)
+    tok = _skewed_tokens(q, True)
+    target = int(tok.sum() * 0.1)
+    files = np.array_split(np.arange(600), 3)
+    ids = np.arange(600)
+    shards = [CorpusShard(key=f"f{i:02d}", n=len(r), tokens=tok[r],
+                          load=lambda r=r: Part(x[r], q[r], ids[r])) for i, r in enumerate(files)]
+    cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi", lamb=LAMB)
+    runs = {b: select_corpus(shards, cfg, CorpusBudget.of(select_tokens=target),
+                             mode="exchange", time_budget_s=b) for b in (0.0, None)}
+    notes = {b: [n for n in r.notes if n.startswith("token budget")][0] for b, r in runs.items()}
+    assert "; 0 cost-aware swap round(s)" in notes[0.0]
+    assert "0 cost-aware swap round(s)" not in notes[None]
+    assert runs[None].scores["selection"]["f"] > runs[0.0].scores["selection"]["f"]
+    for r in runs.values():
+        assert r.tokens["selected"] <= target
+        assert r.scores["selection"]["f"] >= r.scores["quality_topk_tokens"]["f"] - 1e-6

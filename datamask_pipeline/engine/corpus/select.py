@@ -515,7 +515,8 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
         tokens_info, filled = None, None
         if budget.kind == "tokens" and run.st is not None:
             got = run.token_budget(int(budget.value), candidates, max_rounds, 1e-7,
-                                   search=chosen == "exchange", reference=chosen == "exchange")
+                                   search=chosen == "exchange", reference=chosen == "exchange",
+                                   time_budget_s=time_budget_s)
             notes.append(_token_note(got))
             if run.reference is not None:
                 filled = run.reference

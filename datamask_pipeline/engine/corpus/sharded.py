@@ -453,14 +453,16 @@ class ShardedRun:
         return {"dropped": dropped, "added": added}
 
     def token_budget(self, target: int, candidates: int, max_rounds: int, rtol: float,
-                     search: bool = True, reference: bool = True) -> dict:
+                     search: bool = True, reference: bool = True,
+                     time_budget_s: float | None = None) -> dict:
         """A token budget inside the objective, for a term with statistics: the start (the
         row-budget selection) fitted to ``target`` by gain per token; with ``reference``, the
         corpus's quality order filled to the target (``fit_tokens`` from nothing) is scored too
         and the better of the two is the start; with ``search``, cost-aware swap rounds
         (:func:`knapsack.token_swap_search`, then the fit) while a round raises f. The result
         holds at most ``target`` tokens, no unselected row still fits, and f is never below
-        the start's. Reading every shard's quality for the reference is O(rows) here."""
+        the start's; no round starts after ``time_budget_s``. Reading every shard's quality
+        for the reference is O(rows) here."""
         from .budget import fit_tokens
         from .knapsack import token_swap_search
 
@@ -498,8 +500,12 @@ class ShardedRun:
                 info["start"] = "the quality order filled to the target (scored above the fit)"
                 self.log("corpus: token budget: the quality order filled to the target scores "
                          f"f={f_ref['f']:.8g}, above the fit: the rounds start there")
+        t_search = time.perf_counter()
         for r in range(max_rounds if search else 0):
             t0 = time.perf_counter()
+            if time_budget_s is not None and t0 - t_search > time_budget_s:
+                info["stopped"] = "time_budget"
+                break
             before = (list(self.versions), self.parts, self.k, self.total)
             f_before = self.st.f(self.parts, self.k)["f"]
             cand, _ = self._token_pass(m, ("in", "out"))
