@@ -53,6 +53,11 @@ def test_ray_engine_writes_the_local_engines_duplicates(instance, corpus, data_r
 
     assert got.num_rows == want.num_rows > 10 and got.schema == want.schema
     assert _rows(got) == _rows(want)
+    # the evidence, the same in both engines: every drop's kind, both measures, its kept row
+    assert {"kind", "containment", "cosine", "kept_partition_key", "kept_row",
+            "kept_id"} <= set(got.column_names)
+    assert not any(math.isnan(r["cosine"]) or math.isnan(r["containment"]) for r in got.to_pylist())
+    assert set(got.column("kind").to_pylist()) <= {"exact", "fuzzy", "semantic"}
     copies = {r: (k, o) for p, r, k, o in zip(*(got.column(c).to_pylist() for c in (
         "partition_key", "row", "dup_of_partition_key", "dup_of_row"))) if p == "shard_copy"}
     assert copies == {i: (KEYS[0], 4 * i) for i in range(10)}
