@@ -48,7 +48,8 @@ CorpusConfig = create_model(
     __doc__="The corpus budget and mode, and the method's knobs (select_ratio is the corpus's).",
     mode=(str, Field(default="auto", description=(
         "auto: one selection over the whole corpus while it fits (gather_max_rows and memory), "
-        "else exchange rounds (Pair_simi, DiSF), else per_shard; gather; exchange; per_shard: "
+        "else exchange (Pair_simi, DiSF: exchange rounds; Facility: greedy in k-means blocks, one "
+        "gain threshold); gather; exchange; per_shard: "
         "each shard alone with its proportional share; random_blocks: the corpus re-cut into "
         "random blocks by a keyed hash of the id (the paper's blocks)."))),
     select_rows=(Optional[int], Field(default=None, description=(
@@ -69,6 +70,9 @@ CorpusConfig = create_model(
     exchange_candidates=(int, Field(default=4096, description=(
         "exchange: candidates per shard and round (each way)."))),
     exchange_max_rounds=(int, Field(default=50, description="exchange: most rounds.")),
+    facility_block_rows=(int, Field(default=8192, ge=64, description=(
+        "exchange for Facility: the most rows in one block of the corpus-wide k-means (greedy "
+        "per block, one gain threshold); a task holds its square in floats."))),
     engine=(str, Field(default="auto", description=(
         "Where the per_shard and exchange passes run, one task per shard: auto (Ray tasks when "
         "the corpus is past gather_max_rows and Ray is installed, else this step's process), "
@@ -535,7 +539,7 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
                 shards_, cfg, budget, mode=config.mode, device=device,
                 gather_max_rows=config.gather_max_rows, blocks=config.blocks,
                 candidates=config.exchange_candidates, max_rounds=config.exchange_max_rounds,
-                checkpoint_dir=ckpt, warm_start=warm, executor=ex, log=context.log.info)
+                block_rows=config.facility_block_rows, checkpoint_dir=ckpt, warm_start=warm, executor=ex, log=context.log.info)
     except (ConfigError, DataContractError, ValueError) as exc:
         raise dg.Failure(description=f"corpus_selection: {exc}", allow_retries=False) from exc
 

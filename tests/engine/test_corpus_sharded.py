@@ -58,7 +58,7 @@ def ray_two_cpus():
 
 
 @pytest.mark.parametrize("term,mode", [("Pair_simi", "exchange"), ("DiSF", "exchange"),
-                                       ("Facility", "per_shard")])
+                                       ("Facility", "exchange"), ("Facility", "per_shard")])
 def test_ray_tasks_select_what_one_process_selects_and_the_coordinator_reads_no_shard(
         tmp_path, ray_two_cpus, term, mode):
     uris = _files(tmp_path)

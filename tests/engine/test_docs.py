@@ -130,8 +130,12 @@ def test_readme_corpus_tables_are_the_committed_runs():
     for term, r in cuts["terms"].items():
         for cut, c in r["cuts"].items():
             assert c["gather"]["gap_closed"] >= 0.98 and c["gather"]["rows"] == r["k"]
-            if "skipped" not in c["exchange"]:
-                assert c["exchange"]["gap_closed"] >= 0.98
+            # facility location's blocks: >= 0.95 (issue 24), the others' exchange rounds 0.98
+            assert c["exchange"]["gap_closed"] >= (0.95 if term == "Facility" else 0.98)
+        if term == "Facility":  # the blocks do not depend on the cut
+            assert len({c["exchange"]["f"] for c in r["cuts"].values()}) == 1
+            assert "0.975 of the gap here" in flat("measured.md")
+            assert f"{r['cuts']['sorted_by_quality']['exchange']['gap_closed']:.3f}" == "0.975"
         assert r["cuts"]["sorted_by_quality"]["per_shard"]["gap_closed"] < 0.5
     scale = runs["corpus_scale"]
     assert scale["rows"] >= 10**7 and scale["shards"] >= 10 and scale["dim"] >= 256

@@ -10,7 +10,7 @@ import importlib
 _WHERE = {
     "CorpusBudget": ".budget", "allocate": ".budget", "fit_tokens": ".budget",
     "CorpusSelection": ".select", "CorpusShard": ".select", "GATHER_MAX_ROWS": ".select",
-    "MODES": ".select", "block_of": ".select", "select_corpus": ".select", "Part": ".parts",
+    "MODES": ".select", "block_of": ".parts", "select_corpus": ".select", "Part": ".parts",
 }
 
 __all__ = sorted(_WHERE)

@@ -1,16 +1,18 @@
 """One shard's rows in memory (:class:`Part`) and its own selection of k rows
 (:func:`_select_part`, the shard solver with the exact k): what the corpus stage's per-shard
-tasks and its in-memory modes share."""
+tasks and its in-memory modes share, and :func:`block_of`, a row's random block by a keyed hash
+of its id."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..config import LearnerConfig
 
-__all__ = ["Part"]
+__all__ = ["Part", "block_of"]
 
 
 @dataclass
@@ -62,3 +64,28 @@ def _select_part(shard, k: int, cfg: LearnerConfig, device, mem_budget):
     sel = select_shard(shard, cfg.replace(select_ratio=_ratio_for(k, n)), device=device,
                        mem_budget=mem_budget, references=False)
     return sel.indices, sel.route
+
+
+def _splitmix64(v: np.ndarray) -> np.ndarray:
+    z = v.astype(np.uint64)
+    with np.errstate(over="ignore"):
+        z = z + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return z
+
+
+def block_of(ids: np.ndarray, n_blocks: int, seed: int = 0) -> np.ndarray:
+    """Each id's random block (0..n_blocks-1) by a keyed hash of the id: the same id lands in
+    the same block whatever file it came in."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind in "iu":
+        key = _splitmix64(np.asarray([seed], dtype=np.uint64))[0]
+        h = _splitmix64(ids.astype(np.int64).view(np.uint64) ^ key)
+    else:
+        k = seed.to_bytes(8, "little", signed=True)
+        h = np.fromiter((int.from_bytes(hashlib.blake2b(str(i).encode(), digest_size=8,
+                                                         key=k).digest(), "little")
+                         for i in ids), dtype=np.uint64, count=len(ids))
+    return (h % np.uint64(n_blocks)).astype(np.int64)

@@ -22,7 +22,6 @@ process or on Ray) and hold O(shards · d² + candidates) here. Every mode retur
 from __future__ import annotations
 
 import functools
-import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -32,7 +31,7 @@ import torch
 
 from ..config import ConfigError, LearnerConfig
 from .budget import CorpusBudget, allocate, fit_tokens
-from .parts import Part, _arrays, _ratio_for, _select_part  # noqa: F401 (Part: public here too)
+from .parts import Part, _arrays, _ratio_for, _select_part, block_of  # noqa: F401 (Part, block_of: public here too)
 from .stats import HAS_STATS
 
 __all__ = ["CorpusShard", "CorpusSelection", "MODES", "select_corpus", "block_of",
@@ -40,6 +39,8 @@ __all__ = ["CorpusShard", "CorpusSelection", "MODES", "select_corpus", "block_of
 
 MODES = ("auto", "gather", "exchange", "per_shard", "random_blocks")
 GATHER_MAX_ROWS = 1_000_000
+# the terms with an exchange route: sufficient statistics, or facility location's blocks
+EXCHANGE_TERMS = HAS_STATS + ("Facility",)
 WHOLE = "whole corpus (the shard objective on all rows)"
 
 
@@ -180,31 +181,6 @@ class _Gathered:
         self.ids = np.arange(n, dtype=np.int64)
 
 
-def _splitmix64(v: np.ndarray) -> np.ndarray:
-    z = v.astype(np.uint64)
-    with np.errstate(over="ignore"):
-        z = z + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return z
-
-
-def block_of(ids: np.ndarray, n_blocks: int, seed: int = 0) -> np.ndarray:
-    """Each id's random block (0..n_blocks-1) by a keyed hash of the id: the same id lands in
-    the same block whatever file it came in."""
-    ids = np.asarray(ids)
-    if ids.dtype.kind in "iu":
-        key = _splitmix64(np.asarray([seed], dtype=np.uint64))[0]
-        h = _splitmix64(ids.astype(np.int64).view(np.uint64) ^ key)
-    else:
-        k = seed.to_bytes(8, "little", signed=True)
-        h = np.fromiter((int.from_bytes(hashlib.blake2b(str(i).encode(), digest_size=8,
-                                                         key=k).digest(), "little")
-                         for i in ids), dtype=np.uint64, count=len(ids))
-    return (h % np.uint64(n_blocks)).astype(np.int64)
-
-
 def _fits_gather(n: int, d: int, cfg: LearnerConfig, device, gather_max_rows: int):
     """(fits, why) for one selection over n rows on this machine."""
     from ..learner import estimate_memory
@@ -263,6 +239,7 @@ def select_corpus(
     budget_of_input: bool = True,
     warm_start: dict | None = None,
     executor=None,
+    block_rows: int | None = None,
     log: Callable = lambda msg: None,
 ) -> CorpusSelection:
     """Select ``budget`` of the corpus made of ``shards`` (:class:`CorpusShard`) for ``cfg``'s
@@ -325,23 +302,26 @@ def select_corpus(
     if mode == "auto":
         if fits:
             chosen = "gather"
-        elif term_name in HAS_STATS:
+        elif term_name in EXCHANGE_TERMS:
             chosen = "exchange"
         else:
             chosen = "per_shard"
             notes.append(f"{term_name} has no corpus statistics and the corpus does not fit one "
                          f"selection ({why}): each shard selected alone with its share")
         notes.append(f"auto: {chosen} ({why})")
-    if chosen == "exchange" and term_name not in HAS_STATS:
+    if chosen == "exchange" and term_name not in EXCHANGE_TERMS:
         raise ConfigError(f"corpus mode 'exchange' needs a term with sufficient statistics "
-                          f"({', '.join(HAS_STATS)}); {term_name} has none: use gather or "
-                          "per_shard")
+                          f"({', '.join(HAS_STATS)}) or facility location's blocks; "
+                          f"{term_name} has neither: use gather or per_shard")
     log(f"corpus: {n:,} rows in {len(shards)} shard(s), budget {budget.label} -> k={k:,}; "
         f"mode {chosen}" + ("" if chosen in ("gather", "random_blocks") else f" on {ex.name}"))
     timings: dict = {}
     if chosen in ("gather", "random_blocks"):
         res = _select_held(shards, chosen, k, cfg, dev, mem_budget, blocks, budget, n,
                            tokens_total, log)
+    elif chosen == "exchange" and term_name not in HAS_STATS:
+        res = _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex,
+                                      workdir, checkpoint_dir, block_rows, timings, log)
     else:
         res = _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n,
                               fits, why, ex, candidates, max_rounds, time_budget_s, on_round,
@@ -560,6 +540,74 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
             shutil.rmtree(temp, ignore_errors=True)
     return (selected, route, scores, scored_by, rounds, converged, dict(run.routes),
             tokens_info, notes)
+
+
+def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex, workdir,
+                            checkpoint_dir, block_rows, timings, log):
+    """Facility location's exchange route: greedy in blocks cut by a corpus-wide k-means with
+    one shared gain threshold (:mod:`engine.corpus.blocks`)."""
+    import shutil
+    import tempfile
+
+    from .blocks import BLOCK_ROWS, BlockContext, select_blocks
+    from .checkpoint import RunState
+    from .sharded import task_quality
+
+    identity = {"config": cfg.config_hash(), "mode": "facility_blocks", "k": k,
+                "block_rows": block_rows, "shards": [(s.key, s.n, s.version) for s in shards]}
+    temp = None
+    if checkpoint_dir is None:
+        temp = tempfile.mkdtemp(prefix="corpus-", dir=workdir)
+    state = RunState(checkpoint_dir or temp, identity)
+    state.prepare()
+    term = cfg.diversity_term()  # the corpus's objective: dense, or each row's K neighbours
+    from ..terms import default_mem_budget
+
+    sparse = term.mode(n, 4, mem_budget or default_mem_budget(dev)) == "sparse"
+    ctx = BlockContext(lamb=cfg.lamb, k=k, n=n, state=state,
+                       block_rows=int(block_rows or BLOCK_ROWS), seed=cfg.seed, device=str(dev),
+                       neighbors=term.neighbors if sparse else None)
+    try:
+        t0 = time.perf_counter()
+        out = select_blocks(shards, ctx, ex, log)
+        timings["select_s"] = time.perf_counter() - t0
+        offsets = np.cumsum([0] + [s.n for s in shards])
+        glob = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
+            np.asarray(r, dtype=np.int64) + offsets[i] for i, r in out["rows"].items()]))
+        tokens_info, q_all = None, None
+        if budget.kind == "tokens":
+            q_all = np.concatenate(ex.map(task_quality, [(s,) for s in shards]))
+            tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in shards])
+            mask = np.zeros(n, dtype=bool)
+            mask[glob] = True
+            glob = np.flatnonzero(fit_tokens(mask, q_all, tok, int(budget.value)))
+            tokens_info = _tokens_info(budget.value, tok[glob].sum(), tok.sum(), tok.max())
+            k = int(glob.size)
+        t1 = time.perf_counter()
+        if fits:
+            if q_all is None:
+                q_all = np.concatenate(ex.map(task_quality, [(s,) for s in shards]))
+            rng = np.random.default_rng(cfg.seed)
+            sets = {"selection": glob, "quality_topk": _global_topk(q_all, k),
+                    "random": np.sort(rng.choice(n, size=k, replace=False))}
+            scores, scored_by = _score_whole(shards, sets, cfg, dev), WHOLE
+        else:
+            scores = None if tokens_info else {"selection": {"f": out["f_blocks"]}}
+            scored_by = None if tokens_info else (
+                "coverage inside each block (a lower bound of the whole corpus's f)")
+        timings["score_s"] = time.perf_counter() - t1
+        selected = {}
+        for i, s in enumerate(shards):
+            lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
+            selected[s.key] = s.own_rows(glob[lo:hi] - offsets[i])
+        state.clear()
+    finally:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+    route = (f"greedy in {out['blocks']:,} blocks of {out['clusters']:,} k-means clusters, "
+             f"one gain threshold")
+    notes = [f"facility blocks: {out['blocks']:,} blocks, {out['passes']} greedy pass(es)"]
+    return selected, route, scores, scored_by, [], None, {}, tokens_info, notes
 
 
 def _select_gathered(g: _Gathered, k: int, cfg, dev, mem_budget):
