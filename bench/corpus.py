@@ -48,8 +48,35 @@ def gap_closed(f: float, f_topk: float, f_greedy: float) -> float:
     return (f - f_topk) / (f_greedy - f_topk)
 
 
+def real_corpus(dim: int, seed: int = 0, n_man: int = 200) -> dict:
+    """Real documents, the same for every term: man pages in English, German, French and
+    Spanish (rendered by ``man``, bench.quality) and the Python reference manual and
+    docstrings, embedded by the shipped wordllama model at ``dim``, quality by the default
+    heuristic scorer from the text, ``source`` = where each came from (the by_source cut)."""
+    from bench.quality import MAIN_LANGUAGES, docstring_docs, man_docs, reference_docs
+    from datamask_pipeline.engine.embed import WordLlamaEmbedder
+    from datamask_pipeline.engine.quality import load_scorer
+
+    texts, source = [], []
+    for lang in MAIN_LANGUAGES:
+        docs = man_docs(n_man, seed, lang=lang)
+        texts += docs
+        source += [f"man_{lang}"] * len(docs)
+    for name, docs in (("reference", reference_docs()), ("docstrings", docstring_docs())):
+        texts += docs
+        source += [name] * len(docs)
+    first: dict = {}
+    for t, s in zip(texts, source):
+        first.setdefault(t, s)  # an exact copy once, with its first source
+    texts = list(first)
+    return {"texts": texts, "source": np.asarray(list(first.values())),
+            "x": WordLlamaEmbedder(dim=dim).embed(texts),
+            "q": np.asarray(load_scorer().score(texts), dtype=np.float64)}
+
+
 def run_cuts(rows: int, dim: int, disf_rows: int, files: int, lamb: float, ratio: float,
-             terms: list, seed: int, block_rows: int | None = None) -> dict:
+             terms: list, seed: int, block_rows: int | None = None,
+             real: bool = False) -> dict:
     from datamask_pipeline.engine.baselines import greedy, quality_topk
     from datamask_pipeline.engine.config import LearnerConfig
     from datamask_pipeline.engine.corpus import CorpusBudget, CorpusShard, select_corpus
@@ -62,12 +89,22 @@ def run_cuts(rows: int, dim: int, disf_rows: int, files: int, lamb: float, ratio
 
     out = {"rows": rows, "dim": dim, "disf_rows": disf_rows, "files": files, "lamb": lamb,
            "select_ratio": ratio, "block_rows": block_rows or BLOCK_ROWS, "terms": {}}
+    if real:
+        rc = real_corpus(dim, seed)
+        out.update(rows=len(rc["texts"]), disf_rows=len(rc["texts"]), corpus="real",
+                   sources={k: int(v) for k, v in zip(*np.unique(rc["source"],
+                                                                 return_counts=True))})
     for term in terms:
-        n = disf_rows if term == "DiSF" else rows
-        t = make_table(n, dim=dim, seed=seed)
-        sh = table_to_shard(t, "corpus")
-        x, q, ids = sh.embeddings, sh.quality, sh.ids
-        source = np.asarray(t.column("source").to_pylist())
+        if real:
+            x, q = rc["x"], rc["q"]
+            ids, source = np.arange(q.size, dtype=np.int64), rc["source"]
+            n = q.size
+        else:
+            n = disf_rows if term == "DiSF" else rows
+            t = make_table(n, dim=dim, seed=seed)
+            sh = table_to_shard(t, "corpus")
+            x, q, ids = sh.embeddings, sh.quality, sh.ids
+            source = np.asarray(t.column("source").to_pylist())
         cfg = LearnerConfig.profile("pipeline", algorithm=term, lamb=lamb)
         tm = cfg.diversity_term()
         k = int(round(ratio * n))
@@ -103,7 +140,12 @@ def run_cuts(rows: int, dim: int, disf_rows: int, files: int, lamb: float, ratio
 
 
 def cuts_markdown(r: dict) -> str:
-    lines = [f"Corpus of {r['rows']:,} generated rows ({r['dim']}-d; DiSF on {r['disf_rows']:,}), "
+    what = (f"Corpus of {r['rows']:,} real documents ("
+            + ", ".join(f"{k} {v:,}" for k, v in r["sources"].items())
+            + f"; wordllama {r['dim']}-d, the default heuristic quality)"
+            if r.get("corpus") == "real" else
+            f"Corpus of {r['rows']:,} generated rows ({r['dim']}-d; DiSF on {r['disf_rows']:,})")
+    lines = [f"{what}, "
              f"λ = {r['lamb']}, budget {r['select_ratio']:.0%}, {r['files']} files for the "
              "random and sorted cuts. Gap closed = (f − f(quality top-k)) / (f(greedy) − "
              "f(quality top-k)), every f on the whole corpus. Facility location's exchange: "
@@ -274,6 +316,10 @@ def main(argv=None) -> int:
     c.add_argument("--disf-rows", type=int, default=5000)
     c.add_argument("--files", type=int, default=8)
     c.add_argument("--terms", default="Pair_simi,Facility,DiSF")
+    c.add_argument("--real", action="store_true",
+                   help="real documents (man pages in 4 languages, the Python manual and "
+                        "docstrings; wordllama embeddings at --dim, heuristic quality) instead "
+                        "of generated rows")
     c.add_argument("--block-rows", type=int, default=None,
                    help="facility location's exchange route: rows per block (default: the "
                         "engine's BLOCK_ROWS)")
@@ -307,7 +353,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(a.threads)
     if a.what == "cuts":
         r = run_cuts(a.rows, a.dim, a.disf_rows, a.files, a.lamb, a.select_ratio,
-                     a.terms.split(","), a.seed, a.block_rows)
+                     a.terms.split(","), a.seed, a.block_rows, a.real)
         md = cuts_markdown(r)
     else:
         r = run_scale(a.rows, a.shards, a.dim, a.term, a.lamb, a.select_ratio, a.seed,

@@ -300,7 +300,7 @@ def test_auto_picks_by_size_and_term():
                         gather_max_rows=1000)
     # facility location past one selection: greedy in k-means blocks, one gain threshold
     assert fac.mode == "exchange" and "blocks" in fac.route
-    assert fac.scored_by.startswith("coverage inside each block")
+    assert fac.scored_by.startswith("quality exact, coverage estimated on")
     assert sum(fac.counts.values()) == b.rows(1200)
 
     class NoStats(terms.DiversityTerm):  # a registered term with neither route

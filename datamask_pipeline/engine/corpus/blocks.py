@@ -41,13 +41,14 @@ from .. import storage
 from .checkpoint import _npz_bytes, _npz_read
 
 __all__ = ["BlockContext", "BLOCK_ROWS", "GROUP_ROWS", "SAMPLE_ROWS", "MAX_CLUSTERS",
-           "select_blocks"]
+           "SCORE_CLIENTS", "select_blocks", "estimate_scores"]
 
 BLOCK_ROWS = 8192  # one block's dense similarity: BLOCK_ROWS² floats (256 MiB)
 GROUP_ROWS = 1 << 18  # rows one group task reads (its blocks, one at a time)
 SAMPLE_ROWS = 1 << 16  # rows the k-means is fitted on (all shards together)
 MAX_CLUSTERS = 4096  # k-means centroids; larger clusters are split into blocks by id hash
 HEAD_FACTOR = 2  # a block's first gain sequence: this many times its proportional share
+SCORE_CLIENTS = 8192  # rows of the sample the whole-corpus coverage is estimated on
 
 
 @dataclass
@@ -116,7 +117,7 @@ def task_shuffle(ctx: BlockContext, i: int, shard):
         r = np.flatnonzero(group == g)
         storage.atomic_write_bytes(_group_uri(ctx, int(g), i), _npz_bytes(
             x=_unit(x[r]), q=q[r], row=r.astype(np.int64), cluster=cluster[r], hash=h[r]))
-    return counts
+    return counts, (float(q.min()), float(q.max())) if q.size else (np.inf, -np.inf)
 
 
 def _blocks_of(cluster: np.ndarray, h: np.ndarray, block_rows: int) -> list:
@@ -199,6 +200,64 @@ def task_group(ctx: BlockContext, g: int, shards_in: list, lengths: dict):
     return out
 
 
+def task_cover(shared, i: int, shard, rows: np.ndarray, take_eq: int, n_random: int):
+    """The shard's part of three selections (the run's ``rows``, the corpus's quality top-k:
+    rows above ``t`` and the first ``take_eq`` at ``t``, ``n_random`` random rows): per
+    selection its quality sum, its size and each client's best clipped cosine to its rows
+    in this shard (``clients``: unit rows, the sample the coverage is estimated on)."""
+    clients, t, seed = shared
+    part = _load(shard)
+    q = np.asarray(part.quality, dtype=np.float64)
+    top = np.union1d(np.flatnonzero(q > t), np.flatnonzero(q == t)[:take_eq])
+    rnd = (np.sort(np.random.default_rng([seed, i]).choice(part.n, size=n_random,
+                                                           replace=False))
+           if n_random else np.zeros(0, dtype=np.int64))
+    c = torch.as_tensor(clients)
+    out = {}
+    for name, r in (("selection", np.asarray(rows, dtype=np.int64)), ("quality_topk", top),
+                    ("random", rnd)):
+        best = torch.zeros(c.shape[0], dtype=c.dtype)
+        for s in range(0, r.size, 8192):
+            xs = torch.as_tensor(_unit(part.embeddings[r[s:s + 8192]]))
+            best = torch.maximum(best, (c @ xs.T).amax(dim=1).clamp_(min=0))
+        out[name] = (float(q[r].sum()), int(r.size), best.numpy())
+    out["quality_topk_rows"] = top
+    return out
+
+
+def estimate_scores(shards: list, ex, lamb: float, k: int, clients: np.ndarray,
+                    rows: dict, q_range: tuple, seed: int) -> dict:
+    """Whole-corpus f of the run's selection, quality top-k and random, with the quality
+    term exact and the coverage term the mean over ``clients`` (a uniform sample of the
+    corpus's rows, chosen by id hash) of each one's best coverage: an unbiased estimate,
+    with its standard error ``f_div_se`` (the three share their clients, so their
+    differences are far tighter)."""
+    from .sharded import topk_threshold
+
+    t, takes = topk_threshold(ex, shards, k, q_range)
+    sizes = np.array([s.n for s in shards], dtype=np.int64)
+    n_random = np.random.default_rng(seed).multivariate_hypergeometric(sizes, k)
+    res = ex.map(task_cover, [(i, s, rows.get(i, np.zeros(0, dtype=np.int64)), takes[i],
+                               int(n_random[i])) for i, s in enumerate(shards)],
+                 shared=(clients, t, seed))
+    scores, best = {}, {}
+    for name in ("selection", "quality_topk", "random"):
+        q_sum = sum(r[name][0] for r in res)
+        size = sum(r[name][1] for r in res)
+        best[name] = np.max(np.stack([r[name][2] for r in res]), axis=0).astype(np.float64)
+        f_qua = q_sum / max(size, 1)
+        f_div = float(best[name].mean())
+        scores[name] = {"f": lamb * f_qua + (1 - lamb) * f_div, "f_qua": f_qua,
+                        "f_div": f_div, "f_div_se": float(best[name].std() /
+                                                          np.sqrt(best[name].size)),
+                        "clients": int(best[name].size)}
+    diff = best["selection"] - best["quality_topk"]
+    scores["selection"]["f_minus_quality_topk_se"] = float(
+        (1 - lamb) * diff.std() / np.sqrt(diff.size))
+    top_rows = {i: r["quality_topk_rows"] for i, r in enumerate(res)}
+    return scores, top_rows
+
+
 def task_clear_groups(ctx: BlockContext, i: int, groups: np.ndarray):
     for g in groups:
         storage.remove(_group_uri(ctx, int(g), i))
@@ -234,12 +293,12 @@ def select_blocks(shards: list, ctx: BlockContext, ex, log=lambda m: None,
     n_clusters = int(min(max_clusters, max(1, math.ceil(2 * n / ctx.block_rows)),
                          max(1, sample.shape[0] // 39)))
     ctx.centroids = _fit_centroids(sample, n_clusters, ctx.seed)
-    del sample
     ctx.groups = max(1, min(n_clusters, math.ceil(n / group_rows)))
     log(f"corpus: facility blocks: {n_clusters:,} clusters in {ctx.groups:,} group(s), "
         f"blocks of at most {ctx.block_rows:,} rows")
-    counts = np.stack(ex.map(task_shuffle, [(i, s) for i, s in enumerate(shards)],
-                             shared=ctx))  # (shards, groups)
+    shuffled = ex.map(task_shuffle, [(i, s) for i, s in enumerate(shards)], shared=ctx)
+    counts = np.stack([c for c, _ in shuffled])  # (shards, groups)
+    q_range = (min(r[0] for _, r in shuffled), max(r[1] for _, r in shuffled))
     try:
         blocks: dict = {}
         lengths: dict = {}
@@ -282,4 +341,5 @@ def select_blocks(shards: list, ctx: BlockContext, ex, log=lambda m: None,
         ex.map(task_clear_groups, [(i, np.flatnonzero(counts[i])) for i in range(len(shards))],
                shared=ctx)
     return {"rows": rows, "f_blocks": f_blocks, "blocks": len(keys), "clusters": n_clusters,
-            "passes": passes, "threshold": float(gains[order[-1]]) if order.size else None}
+            "passes": passes, "threshold": float(gains[order[-1]]) if order.size else None,
+            "clients": sample[:SCORE_CLIENTS], "q_range": q_range}

@@ -549,7 +549,7 @@ def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex
     import shutil
     import tempfile
 
-    from .blocks import BLOCK_ROWS, BlockContext, select_blocks
+    from .blocks import BLOCK_ROWS, BlockContext, estimate_scores, select_blocks
     from .checkpoint import RunState
     from .sharded import task_quality
 
@@ -584,17 +584,35 @@ def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex
             tokens_info = _tokens_info(budget.value, tok[glob].sum(), tok.sum(), tok.max())
             k = int(glob.size)
         t1 = time.perf_counter()
+        guard = None
         if fits:
             if q_all is None:
                 q_all = np.concatenate(ex.map(task_quality, [(s,) for s in shards]))
             rng = np.random.default_rng(cfg.seed)
-            sets = {"selection": glob, "quality_topk": _global_topk(q_all, k),
+            top = _global_topk(q_all, k)
+            sets = {"selection": glob, "quality_topk": top,
                     "random": np.sort(rng.choice(n, size=k, replace=False))}
             scores, scored_by = _score_whole(shards, sets, cfg, dev), WHOLE
+            if budget.kind != "tokens" and \
+                    scores["quality_topk"]["f"] > scores["selection"]["f"]:
+                guard, glob = "quality_topk", np.sort(top)
+        elif tokens_info:
+            scores = scored_by = None
         else:
-            scores = None if tokens_info else {"selection": {"f": out["f_blocks"]}}
-            scored_by = None if tokens_info else (
-                "coverage inside each block (a lower bound of the whole corpus's f)")
+            scores, top_rows = estimate_scores(shards, ex, cfg.lamb, k, out["clients"],
+                                               out["rows"], out["q_range"], cfg.seed)
+            scores["selection"]["f_blocks"] = out["f_blocks"]
+            scored_by = (f"quality exact, coverage estimated on {len(out['clients']):,} rows "
+                         "sampled by id hash (± f_div_se)")
+            if scores["quality_topk"]["f"] > scores["selection"]["f"]:
+                guard = "quality_topk"
+                glob = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
+                    np.asarray(r, dtype=np.int64) + offsets[i] for i, r in top_rows.items()]))
+        if guard:  # the blocks' own selection stays in the scores, under its name
+            scores["facility_blocks"] = scores["selection"]
+            scores["selection"] = dict(scores["quality_topk"])
+            log("corpus: facility blocks: the corpus's quality top-k scored higher than the "
+                "blocks' selection; it is returned instead")
         timings["score_s"] = time.perf_counter() - t1
         selected = {}
         for i, s in enumerate(shards):
@@ -607,6 +625,9 @@ def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex
     route = (f"greedy in {out['blocks']:,} blocks of {out['clusters']:,} k-means clusters, "
              f"one gain threshold")
     notes = [f"facility blocks: {out['blocks']:,} blocks, {out['passes']} greedy pass(es)"]
+    if guard:
+        route = f"quality top-k (scored above {route})"
+        notes.append("facility blocks: the corpus's quality top-k scored higher and was returned")
     return selected, route, scores, scored_by, [], None, {}, tokens_info, notes
 
 

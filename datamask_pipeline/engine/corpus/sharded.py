@@ -247,6 +247,34 @@ def task_score(shared, i: int, shard, version: int, take_eq: int, n_random: int)
              "random": _np(statistics_of(st, x, q, rnd))}, shard.own_rows(rows))
 
 
+def topk_threshold(ex, shards: list, k: int, q_range: tuple) -> tuple[float, list]:
+    """The corpus's quality top-k without its rows: (t, rows at t each shard takes), from a
+    histogram of every shard's quality (in ``q_range``) and the distinct values of the bin
+    that holds the k-th best; ties at t go to the first rows in (shard, row) order."""
+    lo, hi = q_range
+    bins = HIST_BINS
+    hist = np.sum(ex.map(task_histogram, [(s,) for s in shards], shared=(lo, hi, bins)), axis=0)
+    above = np.cumsum(hist[::-1])[::-1]  # rows in bin b or higher
+    b = int(np.flatnonzero(above >= k).max())
+    over = int(above[b + 1]) if b + 1 < bins else 0  # rows in higher bins
+    per = ex.map(task_bin_values, [(s,) for s in shards], shared=(lo, hi, bins, b))
+    vals = np.unique(np.concatenate([v for v, _ in per]))
+    cnt = np.zeros(vals.size, dtype=np.int64)
+    for v, c in per:
+        cnt[np.searchsorted(vals, v)] += c
+    above_v = over + np.cumsum(cnt[::-1])[::-1]  # rows at or above each value
+    j = int(np.flatnonzero(above_v >= k).max())
+    t = float(vals[j])
+    gt = int(above_v[j] - cnt[j])
+    rest = k - gt
+    takes = []
+    for v, c in per:
+        here = int(c[v == t].sum()) if v.size else 0
+        takes.append(min(here, rest))
+        rest -= takes[-1]
+    return t, takes
+
+
 # ------------------------------------------------------------------ the coordinator
 class ShardedRun:
     """One per_shard or exchange run over ``shards`` (kept views) with ``executor``."""
@@ -542,32 +570,8 @@ class ShardedRun:
         return info
 
     def topk_threshold(self) -> tuple[float, list]:
-        """The corpus's quality top-k without its rows: (t, rows at t each shard takes), from
-        a histogram of every shard's quality and the distinct values of the bin that holds
-        the k-th best; ties at t go to the first rows in (shard, row) order."""
-        lo, hi = self.q_range
-        bins = HIST_BINS
-        hist = np.sum(self.ex.map(task_histogram, [(s,) for s in self.shards],
-                                  shared=(lo, hi, bins)), axis=0)
-        above = np.cumsum(hist[::-1])[::-1]  # rows in bin b or higher
-        b = int(np.flatnonzero(above >= self.k).max())
-        over = int(above[b + 1]) if b + 1 < bins else 0  # rows in higher bins
-        per = self.ex.map(task_bin_values, [(s,) for s in self.shards], shared=(lo, hi, bins, b))
-        vals = np.unique(np.concatenate([v for v, _ in per]))
-        cnt = np.zeros(vals.size, dtype=np.int64)
-        for v, c in per:
-            cnt[np.searchsorted(vals, v)] += c
-        above_v = over + np.cumsum(cnt[::-1])[::-1]  # rows at or above each value
-        j = int(np.flatnonzero(above_v >= self.k).max())
-        t = float(vals[j])
-        gt = int(above_v[j] - cnt[j])
-        rest = self.k - gt
-        takes = []
-        for v, c in per:
-            here = int(c[v == t].sum()) if v.size else 0
-            takes.append(min(here, rest))
-            rest -= takes[-1]
-        return t, takes
+        """The corpus's quality top-k threshold (:func:`topk_threshold`)."""
+        return topk_threshold(self.ex, self.shards, self.k, self.q_range)
 
     def score(self, seed: int) -> tuple[dict, dict]:
         """Whole-corpus f of the selection, quality top-k and random from their statistics,
