@@ -137,6 +137,15 @@ def test_readme_corpus_tables_are_the_committed_runs():
             assert "0.975 of the gap here" in flat("measured.md")
             assert f"{r['cuts']['sorted_by_quality']['exchange']['gap_closed']:.3f}" == "0.975"
         assert r["cuts"]["sorted_by_quality"]["per_shard"]["gap_closed"] < 0.5
+    # issue 24's bar on real documents: every term's exchange >= 0.95 on the sorted cut
+    real = json.loads((res / "results_corpus_cuts_real.json").read_text())
+    assert real["corpus"] == "real" and cuts_markdown(real) in readme
+    assert real["command"] in flat("measured.md")
+    for term, r in real["terms"].items():
+        srt = r["cuts"]["sorted_by_quality"]
+        assert srt["exchange"]["gap_closed"] >= 0.95 and srt["exchange"]["rows"] == r["k"], term
+        assert srt["exchange"]["unique_rows"] == r["k"]
+        assert f"{srt['exchange']['gap_closed']:.3f}" in flat("measured.md"), term
     scale = runs["corpus_scale"]
     assert scale["rows"] >= 10**7 and scale["shards"] >= 10 and scale["dim"] >= 256
     corpus_scale_claims(flat("measured.md"), scale, runs["corpus_scale_sorted"])
