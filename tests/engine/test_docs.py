@@ -310,3 +310,18 @@ def test_readme_quality_through_the_main_job_is_the_committed_run():
     assert all(a >= 0.9 for a in r["computed_quality_auc"].values())
     assert all(v["selected"] == r["budget_rows"] for v in r["algorithms"].values())
     assert quality.COMBINATION in r["by_combination"]
+
+
+def test_measured_facility_and_resume_tables_are_the_committed_runs():
+    """Issue 24, items 4 and 6: the Facility corpus route at 10^6 rows and the kill-and-resume on
+    S3, each rendered from its committed result with the command that produced it; the facility
+    run returned whichever of its two candidates scored higher, and the resumed run matched."""
+    from bench import corpus_facility, corpus_resume
+
+    fr = json.loads((REPO / "bench" / "results" / "results_corpus_facility.json").read_text())
+    rr = json.loads((REPO / "bench" / "results" / "results_corpus_resume.json").read_text())
+    for mod, r in ((corpus_facility, fr), (corpus_resume, rr)):
+        assert mod.markdown(r) in MEASURED and r["command"] in MEASURED
+    assert fr["rows"] >= 10**6 and fr["cut"] == "sorted_by_quality"
+    assert fr["f"]["exchange"] >= fr["f"]["quality_topk"] - 1e-12 > fr["f"]["per_shard"]
+    assert rr["identical"] is True and rr["rows"] >= 10**6
