@@ -1,12 +1,14 @@
 """The corpus selection's page: whole-corpus scores, each shard's and each source's share of
 the selection next to its share of the corpus (one bar chart each), and the exchange rounds.
-Built from ``corpus/selection.json`` and per-source counts; Dagster-free."""
+Built from ``corpus/selection.json`` and per-source counts; Dagster-free. The corpus assets'
+markdown tables (scores, shares, sources, the dedup per shard) are rendered here too."""
 
 from __future__ import annotations
 
 from .shard_report import COLORS, _new_figure, _png, _style, render
 
-__all__ = ["render_page", "shares_figure", "headline", "excerpt"]
+__all__ = ["render_page", "shares_figure", "headline", "excerpt", "scores_md", "shares_md",
+           "sources_md", "dedup_md"]
 
 
 def _share(p: float) -> str:
@@ -128,3 +130,57 @@ def render_page(summary: dict, budget: str, sources: dict | None = None,
                   score_rows=score_rows, figures=figures,
                   shard_rows=_share_rows(keys, rows, sel), source_rows=source_rows,
                   rounds=rounds)
+
+
+# ------------------------------------------------------------------ markdown tables
+def scores_md(result) -> str:
+    """The whole-corpus f of the selection and its references (a ``CorpusSelection``)."""
+    if not result.scores:
+        return "(not computed: " + "; ".join(result.notes) + ")"
+    lines = [f"| selection | f (λ={result.lamb:g}, {result.term}) | f_qua | f_div |",
+             "|---|---:|---:|---:|"]
+    label = {"selection": f"corpus {result.mode} ({result.route})"}
+    for name, sc in result.scores.items():
+        lines.append(f"| {label.get(name, name)} | {sc['f']:.6g} | {sc['f_qua']:.6g} | "
+                     f"{sc['f_div']:.6g} |")
+    return "\n".join(lines)
+
+
+def shares_md(counts: dict, sizes: dict, excluded: dict) -> str:
+    """Each shard's rows, rows selected, kept share and share of the selection; the shards
+    left out with why."""
+    total = max(1, sum(counts.values()))
+    lines = ["| shard | rows | selected | kept | share of the selection |", "|---|---:|---:|---:|---:|"]
+    for key in sorted(sizes):
+        c = counts.get(key, 0)
+        lines.append(f"| {key} | {sizes[key]:,} | {c:,} | {c / max(1, sizes[key]):.1%} | "
+                     f"{c / total:.1%} |")
+    for key, why in sorted(excluded.items()):
+        lines.append(f"| {key} | excluded | - | - | {why} |")
+    return "\n".join(lines)
+
+
+def sources_md(sources: dict, column: str = "source") -> str:
+    """``sources`` ({source: (rows in the corpus, rows selected)}) as a table, the most
+    selected first."""
+    total = max(1, sum(s for _, s in sources.values()))
+    lines = [f"| {column} | rows | selected | kept | share of the selection |",
+             "|---|---:|---:|---:|---:|"]
+    for name, (r, c) in sorted(sources.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"| {name} | {r:,} | {c:,} | {c / max(1, r):.1%} | {c / total:.1%} |")
+    return "\n".join(lines)
+
+
+def dedup_md(sizes: dict, duplicates) -> str:
+    """Each shard's rows dropped by the dedup, by reason (``sizes``: {shard: rows}, in table
+    order; ``duplicates``: the table of ``corpus/duplicates.parquet``)."""
+    per_shard = {}
+    for key, reason in zip(duplicates.column("partition_key").to_pylist(),
+                           duplicates.column("reason").to_pylist()):
+        per_shard.setdefault(key, {"exact": 0, "fuzzy": 0, "near": 0})[reason] += 1
+    md = ["| shard | rows | exact | fuzzy | near | dropped |", "|---|---:|---:|---:|---:|---:|"]
+    for key, n in sizes.items():
+        e = per_shard.get(key, {"exact": 0, "fuzzy": 0, "near": 0})
+        md.append(f"| {key} | {n:,} | {e['exact']:,} | {e['fuzzy']:,} | {e['near']:,} | "
+                  f"{sum(e.values()) / max(1, n):.1%} |")
+    return "\n".join(md)

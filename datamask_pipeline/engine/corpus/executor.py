@@ -13,9 +13,12 @@ task's exception type.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Callable
 
-__all__ = ["InProcess", "RayTasks", "executor_for", "ENGINES"]
+from ..config import ConfigError
+
+__all__ = ["InProcess", "RayTasks", "executor_for", "pick_engine", "ENGINES"]
 
 ENGINES = ("auto", "local", "ray")
 
@@ -89,3 +92,18 @@ def executor_for(engine: str, n_shards: int | None = None):
     if engine == "ray":
         raise RuntimeError("corpus engine 'ray': not connected to a Ray cluster")
     return InProcess()
+
+
+def pick_engine(engine: str, shards: list, mode: str, gather_max_rows: int) -> str:
+    """``local`` or ``ray`` for the corpus selection's ``engine`` knob: ``auto`` is Ray where
+    the corpus (its kept rows) is past ``gather_max_rows``, the mode runs per-shard passes
+    (not gather, random_blocks) and Ray is installed; else this process."""
+    name = engine.strip().lower()
+    if name not in ENGINES:
+        raise ConfigError(f"corpus_selection: engine must be one of {list(ENGINES)} "
+                          f"(config key corpus_selection.config.engine), got {engine!r}")
+    if name != "auto":
+        return name
+    rows = sum(s.n_kept if s.n_kept is not None else s.n for s in shards)
+    big = rows > gather_max_rows and mode not in ("gather", "random_blocks")
+    return "ray" if big and importlib.util.find_spec("ray") is not None else "local"

@@ -1,10 +1,12 @@
 """All file access by URI, through ``pyarrow.fs``, so that object storage works unchanged.
 This package only gathers the public API; each submodule holds one responsibility:
 :mod:`.uris` (locations), :mod:`.keys` (safe names), :mod:`.publish` (atomic writes),
-:mod:`.subset` (copying selected rows).
+:mod:`.subset` (copying selected rows), :mod:`.layout` (where each file lives under the data
+root).
 """
 
 from .keys import partition_key_for, safe_child, validate_partition_key
+from .layout import DataLayout
 from .publish import atomic_output, atomic_write_bytes, atomic_write_table
 from .subset import write_selected_rows
 from .uris import (
@@ -46,4 +48,5 @@ __all__ = [
     "atomic_write_table",
     "atomic_output",
     "write_selected_rows",
+    "DataLayout",
 ]

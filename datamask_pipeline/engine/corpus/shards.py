@@ -1,0 +1,75 @@
+"""The corpus's shards as the selection reads them: a :class:`CorpusShard` from a shard's
+features file on the data root (row count, version, a loader that pickles for Ray tasks) and,
+for token budgets, its rows' token counts from the raw file."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .. import storage
+from ..contract import EMBEDDING, ID, QUALITY
+from ..data import Columns, DataContractError, read_shard
+from ..id_column import file_columns
+
+if TYPE_CHECKING:  # select imports torch: loading the definitions must not
+    from .select import CorpusShard
+
+__all__ = ["features_loader", "open_shard", "read_tokens"]
+
+
+def read_tokens(raw_uri: str, *, token_column: str | None, text_column: str | None,
+                tokenizer: str) -> np.ndarray:
+    """Each row's token count: the raw file's ``token_column`` (non-null integers), else the
+    text column counted by ``tokenizer`` (``tokens.count_tokens``)."""
+    if token_column:
+        col = storage.read_column(raw_uri, token_column)
+        if col is None:
+            raise DataContractError(raw_uri, "column present", column=token_column,
+                                    detail=f"token_column; available columns: "
+                                           f"{file_columns(raw_uri)}")
+        if not pa.types.is_integer(col.type) or col.null_count:
+            raise DataContractError(raw_uri, "token counts are non-null integers",
+                                    column=token_column)
+        return col.to_numpy().astype(np.int64)
+    text = storage.read_column(raw_uri, text_column) if text_column else None
+    if text is None:
+        raise DataContractError(raw_uri, "column present", column=text_column or "text",
+                                detail="select_tokens without token_column counts tokens "
+                                       f"from the text; available columns: "
+                                       f"{file_columns(raw_uri)}")
+    from .tokens import count_tokens
+
+    return count_tokens(text, tokenizer)
+
+
+def features_loader(uri: str, expected_dim=None, quality_range=None):
+    """A shard's features reader that pickles (engine functions and plain values only), so
+    a Ray task can read the shard where it runs; re-checked against the contract as
+    ``read_features`` does."""
+    return functools.partial(read_shard, uri,
+                             columns=Columns(id=ID, quality=(QUALITY,), embedding=EMBEDDING),
+                             expected_dim=expected_dim, quality_range=quality_range)
+
+
+def open_shard(layout: storage.DataLayout, key: str, *, expected_dim=None, quality_range=None,
+               tokens: Callable[[str], np.ndarray] | None = None) -> CorpusShard | None:
+    """Shard ``key`` of the corpus, read from its features file (None when there is none):
+    its rows, its version (the file's size and time) and its loader; ``tokens(raw_uri)``
+    gives its rows' token counts for a token budget."""
+    uri = layout.features(key)
+    if not storage.exists(uri):
+        return None
+    fs, path = storage.resolve(uri)
+    with fs.open_input_file(path) as fh:
+        n = pq.ParquetFile(fh).metadata.num_rows
+    counts = tokens(layout.raw_shard(key)) if tokens is not None else None
+    info = fs.get_file_info(path)
+    from .select import CorpusShard
+
+    return CorpusShard(key=key, n=int(n), tokens=counts, version=f"{info.size}:{info.mtime_ns}",
+                       load=features_loader(uri, expected_dim, quality_range))
