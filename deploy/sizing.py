@@ -539,12 +539,15 @@ CORPUS_RAY_GLOB = str(REPO / "bench" / "results" / "results_corpus_ray_*.json")
 
 
 def corpus_tasks_table(pattern: str | None = None, rows: float = 1e10, shards: int = 25_000,
-                       workers: int = 1_000, candidates_total: int = 1 << 18) -> str:
+                       workers: int = 1_000, d: int = 256) -> str:
     """The corpus stage as Ray tasks (``python -m bench.corpus_ray scale``), measured per task
     on this machine's local Ray, and extended to ``rows`` in ``shards`` shards on ``workers``
     one-CPU workers: a task's time grows with its shard's rows (linear, as the per-shard solver
-    and the candidate pass do) and the phases spread over the workers. The coordinator holds
-    at most ``candidates_total`` candidate rows each way per round, whatever the shard count."""
+    and the candidate pass do) and the phases spread over the workers. The coordinator's
+    candidates per round at ``d`` are the engine's own bound (``sharded.candidate_cap``)."""
+    from datamask_pipeline.engine.corpus.sharded import (CANDIDATE_BYTES, CANDIDATES_TOTAL,
+                                                         candidate_cap)
+
     runs = []
     for f in sorted(glob.glob(pattern or CORPUS_RAY_GLOB)):
         try:
@@ -573,13 +576,19 @@ def corpus_tasks_table(pattern: str | None = None, rows: float = 1e10, shards: i
             f"{r['coordinator_peak_rss_bytes'] / GIB:.2f} GiB | "
             f"{max(r['worker_peak_rss_bytes']) / GIB:.2f} GiB | {sel:.3f} | {pass_s:.3f} | "
             f"{len(r['rounds'])} | {sel * grow * waves:,.0f} s | {pass_s * grow * waves:,.0f} s |")
-    cand = max(16, min(4096, candidates_total // shards))
+    cand = max(16, min(4096, CANDIDATES_TOTAL // shards))
+    cap = candidate_cap(shards, d, cand)
+    grown = min(8 * cand, cap)
     lines += ["", "Below ~10⁵ rows per shard a task's fixed cost (Ray's scheduling, reading the "
               "file) dominates, so the smaller runs overstate the extension; times are at the "
               "measured d and grow about linearly with d for the pass (a mat-vec per row).",
-              "", f"At {shards:,} shards each shard sends {cand:,} candidates each way per round "
-              f"(at most {candidates_total:,} rows each way in all), so the coordinator's round "
-              f"holds {2 * cand * shards * (256 * 4 + 16) / GIB:.1f} GiB at d = 256."]
+              "", f"At {shards:,} shards each shard sends {cand:,} candidates each way in the "
+              f"first round ({CANDIDATES_TOTAL:,} rows each way in all, at least 16 a shard); a "
+              "round that swaps most of its candidates doubles them, up to 8× and within "
+              f"{CANDIDATE_BYTES / GIB:.0f} GiB of candidate rows on the coordinator (12·d + 24 "
+              f"bytes a row, both ways). At d = {d} that is at most {grown:,} a shard, "
+              f"{grown * shards:,} rows each way, "
+              f"{2 * grown * shards * (12 * d + 24) / GIB:.1f} GiB."]
     return "\n".join(lines)
 
 

@@ -167,3 +167,39 @@ def test_facility_blocks_past_one_selection_estimate_f_and_never_return_less_tha
     assert np.array_equal(np.sort(_union_rows(small, shards)), top)
     assert small.scores["facility_blocks"]["f"] < small.scores["selection"]["f"] == \
         small.scores["quality_topk"]["f"]
+
+
+def test_the_candidates_double_within_the_coordinators_memory_bound(tmp_path, monkeypatch):
+    """A round that swaps most of its candidates doubles them (a sorted cut moves its budget
+    in fewer rounds), but never past CANDIDATE_BYTES of candidate rows on the coordinator:
+    with the bound at a few rows a shard, every round stays under it and the exchange still
+    converges above the per-file start."""
+    from datamask_pipeline.engine.corpus import sharded
+    from datamask_pipeline.engine.corpus.exchange import next_candidates
+
+    assert next_candidates(16, 16, 16, 16, 16) == 32  # all swapped: doubled
+    assert next_candidates(128, 128, 128, 128, 16) == 128  # 8 × base
+    assert next_candidates(16, 16, 16, 16, 16, cap=24) == 24  # the memory bound
+    assert next_candidates(16, 2, 16, 16, 16) == 16  # few swapped: kept
+    d, shards = 16, 4
+    assert sharded.candidate_cap(shards, d, 16) * 2 * shards * (12 * d + 24) \
+        <= max(sharded.CANDIDATE_BYTES, 2 * 16 * shards * (12 * d + 24))
+
+    uris = _files(tmp_path)
+    cfg = LearnerConfig.profile("pipeline", algorithm="Pair_simi", lamb=0.5)
+    budget = CorpusBudget.of(select_rows=180)
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    free = select_corpus(_shards(uris, log_dir), cfg, budget, mode="exchange",
+                         gather_max_rows=0, candidates=16, executor=InProcess())
+    assert max(r["next_candidates"] for r in free.rounds) > 24  # it did double, past the bound below
+    cap_rows = 24
+    monkeypatch.setattr(sharded, "CANDIDATE_BYTES", cap_rows * 2 * shards * (12 * d + 24))
+    bound = select_corpus(_shards(uris, log_dir), cfg, budget, mode="exchange",
+                          gather_max_rows=0, candidates=16, executor=InProcess())
+    assert all(r["candidates"] <= cap_rows and r["next_candidates"] <= cap_rows
+               for r in bound.rounds)
+    assert sum(bound.counts.values()) == 180
+    start = bound.rounds[0]["f_before"]
+    assert bound.scores["selection"]["f"] > start
+    assert bound.scores["selection"]["f"] >= free.scores["selection"]["f"] - 1e-3

@@ -103,12 +103,14 @@ def swap_search(stats: SelectionStats, parts: dict, k: int, xin, qin, xout, qout
     return parts, f_now, swaps
 
 
-def next_candidates(m: int, swaps: int, n_in: int, n_out: int, base: int) -> int:
+def next_candidates(m: int, swaps: int, n_in: int, n_out: int, base: int,
+                    cap: int | None = None) -> int:
     """A round that swapped most of its candidate pairs was limited by them: the next round
-    sends twice as many (up to 8 × ``base``), so a budget far from its place moves in few
-    rounds."""
+    sends twice as many (up to 8 × ``base`` and ``cap``), so a budget far from its place moves
+    in few rounds."""
     if swaps >= 0.5 * min(n_in, n_out):
-        return min(8 * base, 2 * m)
+        grown = min(8 * base, 2 * m)
+        return grown if cap is None else max(m, min(grown, cap))
     return m
 
 

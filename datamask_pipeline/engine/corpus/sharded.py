@@ -28,9 +28,20 @@ from .stats import HAS_STATS, stats_for
 __all__ = ["RunContext", "ShardedRun", "HIST_BINS"]
 
 HIST_BINS = 1 << 16  # the quality histogram that finds the corpus's quality top-k threshold
-# the candidates of one round, all shards together, each way: caps the coordinator's memory
-# (rows × d × 4 bytes) when there are many shards
+# the candidates of one round, all shards together, each way, before a round that swapped
+# most of its candidates doubles them (up to 8×, and within CANDIDATE_BYTES)
 CANDIDATES_TOTAL = 1 << 18
+# the coordinator's memory for one round's candidate rows, both ways: each row arrives as
+# float32 and is held in the statistics' float64 frame with its quality and place (12·d + 24
+# bytes); the doubling stops here, so the coordinator's round stays bounded at every d
+CANDIDATE_BYTES = 1 << 31
+
+
+def candidate_cap(shards: int, d: int, base: int) -> int:
+    """The most candidates a shard sends each way in one round: ``CANDIDATE_BYTES`` over both
+    ways of every shard's rows, never below ``base`` (the first round's count)."""
+    per_row = 12 * int(d) + 24
+    return max(int(base), CANDIDATE_BYTES // (2 * per_row * max(1, int(shards))))
 
 
 @dataclass
@@ -347,6 +358,7 @@ class ShardedRun:
         resume = state.load_round()
         log_, first = [], 0
         base = max(16, min(candidates, CANDIDATES_TOTAL // max(1, len(self.shards))))
+        cap = candidate_cap(len(self.shards), self.ctx.d, base)
         m = base
         if resume is not None:
             first, self.versions, parts, log_, extra = resume
@@ -364,11 +376,16 @@ class ShardedRun:
             res = self.ex.map(task_candidates,
                               [(i, s, self.versions[i]) for i, s in enumerate(self.shards)],
                               shared=(self.ctx, grad, m))
-            ins = [(i, rr) for i, c in enumerate(res) for rr in c[0].tolist()]
-            outs = [(i, rr) for i, c in enumerate(res) for rr in c[3].tolist()]
-            if not ins or not outs:
+            # each candidate's shard and row (arrays: a round can hold millions)
+            in_shard = np.concatenate([np.full(c[0].size, i, dtype=np.int64)
+                                       for i, c in enumerate(res)])
+            out_shard = np.concatenate([np.full(c[3].size, i, dtype=np.int64)
+                                        for i, c in enumerate(res)])
+            if not in_shard.size or not out_shard.size:
                 converged = True
                 break
+            in_row = np.concatenate([c[0] for c in res]).astype(np.int64)
+            out_row = np.concatenate([c[3] for c in res]).astype(np.int64)
             xin = self.st.rows(np.concatenate([c[1] for c in res]))
             qin = np.concatenate([c[2] for c in res])
             xout = self.st.rows(np.concatenate([c[4] for c in res]))
@@ -376,17 +393,18 @@ class ShardedRun:
             sent = (xin.shape[0] + xout.shape[0]) * (self.ctx.d * 4 + 8 + 8)
             self.parts, f_now, swaps = swap_search(self.st, self.parts, self.k, xin, qin,
                                                    xout, qout)
+            J = np.asarray([j for j, _ in swaps], dtype=np.int64)
+            O = np.asarray([o for _, o in swaps], dtype=np.int64)
             moves: dict = {}
-            for j, o in swaps:
-                si, ri = ins[j]
-                so, ro = outs[o]
-                moves.setdefault(si, ([], []))[0].append(ri)
-                moves.setdefault(so, ([], []))[1].append(ro)
+            for i in np.unique(in_shard[J]):
+                moves.setdefault(int(i), ([], []))[0].extend(in_row[J][in_shard[J] == i].tolist())
+            for i in np.unique(out_shard[O]):
+                moves.setdefault(int(i), ([], []))[1].extend(out_row[O][out_shard[O] == i].tolist())
             self._apply(moves)
             info = {"round": r + 1, "swaps": len(swaps), "candidates": m,
                     "f_before": f_before, "f": f_now, "seconds": time.perf_counter() - t0,
                     "bytes_exchanged": int(sent)}
-            m = next_candidates(m, len(swaps), len(ins), len(outs), base)
+            m = next_candidates(m, len(swaps), in_shard.size, out_shard.size, base, cap)
             info["next_candidates"] = m
             log_.append(info)
             state.save_round(r + 1, self.versions, _np(self.parts), log_, {"m": m})
