@@ -1,7 +1,8 @@
 """The corpus stage: one budget and one objective over every shard (docs/method.md#corpus-level).
 
 :func:`select_corpus` is the entry; :class:`CorpusBudget` the budget; deduplication, the
-exchange rounds and the sufficient statistics they share live in their own modules. Names are
+exchange rounds and the sufficient statistics they share live in their own modules, and so do
+the stage's files on the data root (``shards``, ``duplicates``, ``outputs``). Names are
 imported on first use, so that loading the Dagster definitions does not import torch.
 """
 
