@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from datamask_pipeline.engine import contract as C
+from datamask_pipeline.engine import embed as E
 from datamask_pipeline.engine import storage
 from datamask_pipeline.engine.config import ConfigError
 from datamask_pipeline.engine.data import (
@@ -231,7 +232,7 @@ def canonical_batch(batch: pa.RecordBatch, columns: Columns, path: str, id_type,
 def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=None,
                    checkpoint_dir=None, expected_dim=None, progress=None, scorer=None,
                    quality_checkpoint_dir=None, quality_progress=None,
-                   quarantine_share=None) -> dict:
+                   quarantine_share=None, language_geometry=None) -> dict:
     """Stream ``raw_uri``'s id/quality/embedding columns into the canonical ``out_uri``
     (published atomically). Returns rows, bytes, sha256, embedding dimension counts and
     ``embedding`` (the ``engine.embed.EmbedResult`` of a text-only shard, else None).
@@ -249,7 +250,17 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
     not UTF-8, blank) are quarantined up to that share of the shard: left out of the features,
     which then carry each row's raw row number (``raw_row``) and the counts in their footer;
     ``rejects`` in the result is the ``engine.data.TextRejects`` (None when the text is not
-    read). Past the share, or with None, such a row rejects the shard (DataContractError)."""
+    read). Past the share, or with None, such a row rejects the shard (DataContractError).
+
+    ``language_geometry`` (``engine.embed.LANGUAGE_GEOMETRIES``; None: the default, ``center``):
+    when the shard is embedded here and its languages are known (the heuristic scorer's),
+    ``center`` writes each vector less its language's mean in the shard
+    (``engine.embed.language_centering``); ``centering`` in the result is that
+    ``LanguageCentering``, else None. ``off``: the model's vectors as they are."""
+    geometry = language_geometry or E.DEFAULT_LANGUAGE_GEOMETRY
+    if geometry not in E.LANGUAGE_GEOMETRIES:
+        raise ConfigError(f"embedding_language_geometry must be one of "
+                          f"{E.LANGUAGE_GEOMETRIES}, got {geometry!r}")
     fs, path = storage.resolve(raw_uri)
     try:
         src = fs.open_input_file(path)
@@ -280,6 +291,9 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
             reader = embedded.reader()
         id_type = _canonical_id_type(pf.schema_arrow.field(columns.id).type)
         langs = None if scored is None else scored.languages
+        centering = None
+        if embedded is not None and langs is not None and geometry == "center":
+            centering = E.language_centering(embedded.arrays(), langs)
         schema = features_schema(id_type, raw_row=skip is not None, language=langs is not None)
         if skip is not None:
             schema = schema.with_metadata({META_QUARANTINED: str(skip.count).encode(),
@@ -305,9 +319,11 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
                     raw += batch.num_rows
                     if keep is not None:  # quarantined rows leave the features
                         batch, at = batch.filter(pa.array(keep)), at[keep]
+                    vectors = None if embedded is None else reader.take(batch.num_rows)
+                    if centering is not None:
+                        vectors = centering.apply(vectors, rows)
                     out = canonical_batch(
-                        batch, columns, str(raw_uri), id_type,
-                        None if embedded is None else reader.take(batch.num_rows),
+                        batch, columns, str(raw_uri), id_type, vectors,
                         None if scored is None else scored.scores[rows:rows + batch.num_rows])
                     extra = [] if langs is None else [
                         pa.array(langs[rows:rows + batch.num_rows], pa.string())]
@@ -326,7 +342,8 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
         src.close()
     return {"rows": rows, "bytes": storage.size(out_uri), "sha256": storage.sha256(out_uri),
             "dims": dims, "id_type": str(id_type), "embedding": embedded, "quality": scored,
-            "rejects": rejects}
+            "rejects": rejects, "centering": centering}
+
 
 
 def ingestion_failure(key: str, raw_uri: str, exc: Exception) -> dg.Failure:
@@ -446,7 +463,8 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
                               checkpoint_dir=embed_dir, expected_dim=contract.expected_dim,
                               progress=_embed_log(context, key), scorer=contract.scorer,
                               quality_checkpoint_dir=quality_dir,
-                              quarantine_share=contract.quarantine_share)
+                              quarantine_share=contract.quarantine_share,
+                              language_geometry=contract.embedding_language_geometry)
     except (DataContractError, storage.StorageError, ConfigError) as exc:
         # One readable failure: the description is the whole reason (file, column, rule), so
         # the engine's exception is not chained (it would print the same line and a second
@@ -484,6 +502,9 @@ def features(context: dg.AssetExecutionContext, data_root: DataRoot,
                     f"computed from raw column {columns.text!r} by {embedded.model}")),
             ]),
             **({} if embedded is None else embedded.metadata()),
+            **({} if info["centering"] is None else {
+                k: dg.MetadataValue.json(v) if isinstance(v, dict) else v
+                for k, v in info["centering"].metadata().items()}),
             **({} if scored is None else scored.metadata()),
             "bytes": info["bytes"],
             "sha256": info["sha256"],

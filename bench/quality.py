@@ -581,16 +581,19 @@ def selection_by_combination(c: dict, k: int, algorithms) -> dict:
     (λ · mean quality against the diversity gain), so a damaged text that scores 0.6 instead of
     0.3 is cheap for a diversity term that likes it. Per combination and per term: what the
     whole corpus's selection of k rows holds (the engine's select_shard, the pipeline profile
-    at λ = 0.5: what ``gather`` runs, without deduplication)."""
+    at λ = 0.5: what ``gather`` runs, without deduplication), on the vectors the features
+    carry by default: centered by the detected language over the whole corpus."""
     from types import SimpleNamespace
 
     from datamask_pipeline.engine.config import LearnerConfig
-    from datamask_pipeline.engine.embed import load_embedder
+    from datamask_pipeline.engine.embed import language_centering, load_embedder
     from datamask_pipeline.engine.select import select_shard
 
     texts, real, lang = c["texts"], c["real"], c["language"]
     x = load_embedder().embed(texts).astype(np.float32)
-    _, _, scores = _scored(texts)
+    _, detected, scores = _scored(texts)
+    # the geometry the features carry by default (contract embedding_language_geometry center)
+    x = language_centering([x], detected).apply(x, 0)
     ids = np.array([f"doc{i:06d}" for i in range(len(texts))])
     out = {}
     for how, q in scores.items():

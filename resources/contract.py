@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Optional
 
 import dagster as dg
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from datamask_pipeline import settings
 from datamask_pipeline.engine import contract as C
 from datamask_pipeline.engine.data import Columns
+from datamask_pipeline.engine.embed import DEFAULT_LANGUAGE_GEOMETRY, LANGUAGE_GEOMETRIES
 
 # The contract's settings that dg.EnvVar cannot fill (a list, a float): their variables, given
 # to the resource as strings (``string_settings``).
@@ -99,6 +100,14 @@ class DataContract(dg.ConfigurableResource):
         description="Long texts: truncate (embed the first max tokens) or chunks (embed windows "
         "of max tokens, up to 64, and average them by token count).",
     )
+    embedding_language_geometry: str = Field(
+        default=DEFAULT_LANGUAGE_GEOMETRY,
+        description="The geometry the diversity terms see when a text-only shard is embedded "
+        "and its languages are known (the heuristic quality scorer detects them): center "
+        "(default) subtracts each language's mean vector within the shard, so that an "
+        "English-centric model's placement of the languages is not read as diversity; off: "
+        "the model's vectors as they are (upstream).",
+    )
     quality_scorer: str = Field(
         default="heuristic",
         description="Quality for shards without the quality column(s) but with the text column, "
@@ -125,6 +134,14 @@ class DataContract(dg.ConfigurableResource):
         "or quality_min / quality_max (a number), replacing that field. from_env() fills it "
         "with dg.EnvVar(DATAMASK_QUALITY_COLUMNS / _WEIGHTS / _MIN / _MAX).",
     )
+
+    @field_validator("embedding_language_geometry")
+    @classmethod
+    def _check_language_geometry(cls, v):
+        if v not in LANGUAGE_GEOMETRIES:
+            raise ValueError(f"embedding_language_geometry must be one of "
+                             f"{LANGUAGE_GEOMETRIES}, got {v!r}")
+        return v
 
     @model_validator(mode="before")
     @classmethod

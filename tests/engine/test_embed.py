@@ -321,3 +321,75 @@ def test_train_mask_bad_text_exits_2(tmp_path):
                        capture_output=True, text=True, timeout=120, env={**os.environ, **OFFLINE})
     assert p.returncode == 2
     assert "column 'text': rule 'non-blank text' broken by 1 row; ids: [11]" in p.stderr
+
+
+# ------------------------------------------------------------------ language geometry
+def test_language_centering_takes_each_language_mean_out():
+    """Two languages the model puts in two regions (a shared offset each, plus content): after
+    centering, rows of different languages are no further apart than rows of one language, and
+    every vector is unit length and finite; a rare language is pooled, a lone row keeps its
+    vector (never a zero vector), identical rows stay identical."""
+    rng = np.random.default_rng(0)
+    d = 32
+    off = {"en": rng.normal(size=d) * 3, "de": rng.normal(size=d) * 3}
+    langs = ["en"] * 40 + ["de"] * 20 + ["fr"] * 3 + ["xx"]
+    x = np.stack([off.get(lg, np.zeros(d)) + rng.normal(size=d) for lg in langs])
+    x[1] = x[0]
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    # in pieces, as the checkpoint chunks arrive
+    lc = embed.language_centering([x[:25], x[25:50], x[50:]], langs, min_rows=8)
+    assert lc.counts == {"en": 40, "de": 20, embed.RARE: 4}
+    y = np.concatenate([lc.apply(x[:30], 0), lc.apply(x[30:], 30)])
+    assert np.isfinite(y).all()
+    np.testing.assert_allclose(np.linalg.norm(y, axis=1), 1, atol=1e-5)
+    np.testing.assert_array_equal(y[0], y[1])
+    en, de = slice(0, 40), slice(40, 60)
+    raw_within, raw_across = (x[en] @ x[en].T).mean(), (x[en] @ x[de].T).mean()
+    within, across = (y[en] @ y[en].T).mean(), (y[en] @ y[de].T).mean()
+    assert raw_within - raw_across > 0.5  # the model's geometry: the language is the main axis
+    assert abs(within - across) < 0.05 and abs(across) < 0.05
+    # the pooled rare group (4 < 8 rows) is centered by the whole shard's mean
+    np.testing.assert_allclose(lc.centroids[embed.RARE], x.mean(0), atol=1e-6)
+    # a group of one row: the centered vector would be zero, the model's vector is kept
+    one = embed.language_centering([x[:1]], ["en"], min_rows=1)
+    np.testing.assert_array_equal(one.apply(x[:1], 0), x[:1])
+
+
+def test_features_center_by_language_unless_off(tmp_path, model):
+    """The features step writes language-centered vectors for a text-only shard scored by the
+    heuristic (default), the model's own with language_geometry 'off'; it says so in its
+    result, and refuses an unknown geometry before any work."""
+    from datamask_pipeline.engine.quality import load_scorer
+
+    en = [f"The {w} manual page explains how the command reads its input and writes the "
+          f"result to the standard output, with {i} options." for i, w in
+          enumerate(["first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth",
+                     "ninth", "tenth"])]
+    de = [f"Die {w} Handbuchseite erklärt, wie der Befehl seine Eingabe liest und das Ergebnis "
+          f"auf die Standardausgabe schreibt, mit {i} Optionen." for i, w in
+          enumerate(["erste", "zweite", "dritte", "vierte", "fünfte", "sechste", "siebte",
+                     "achte", "neunte", "zehnte"])]
+    texts = en + de
+    raw = str(tmp_path / "raw.parquet")
+    pq.write_table(pa.table({"chunk_id": list(range(len(texts))), "text": texts}), raw)
+    out = {}
+    for geometry in ("center", "off"):
+        f = str(tmp_path / f"{geometry}.parquet")
+        info = write_features(raw, f, Columns(), embedder=model, scorer=load_scorer(),
+                              checkpoint_dir=str(tmp_path / f"ck-{geometry}"),
+                              quality_checkpoint_dir=str(tmp_path / f"q-{geometry}"),
+                              language_geometry=geometry)
+        t = pq.read_table(f)
+        assert t.column("language").to_pylist() == ["en"] * 10 + ["de"] * 10
+        out[geometry] = np.stack(t.column("embedding").to_numpy(zero_copy_only=False))
+        assert (info["centering"] is None) == (geometry == "off")
+    np.testing.assert_allclose(out["off"], model.embed(texts), atol=1e-6)
+    x, y = out["off"], out["center"]
+    # in the model, English and German pages are two regions (cosine 0.94 within English,
+    # 0.17 across); centered, language no longer separates them
+    assert (x[:10] @ x[:10].T).mean() - (x[:10] @ x[10:].T).mean() > 0.5
+    assert abs((y[:10] @ y[:10].T).mean() - (y[:10] @ y[10:].T).mean()) < 0.1
+    with pytest.raises(embed.ConfigError, match="embedding_language_geometry"):
+        write_features(raw, str(tmp_path / "bad.parquet"), Columns(), embedder=model,
+                       language_geometry="sideways")
+    assert not (tmp_path / "bad.parquet").exists()
