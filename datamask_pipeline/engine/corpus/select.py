@@ -47,7 +47,10 @@ WHOLE = "whole corpus (the shard objective on all rows)"
 @dataclass
 class CorpusShard:
     """One shard of the corpus: its key, row count, a loader of its validated features
-    (an engine ``Shard``: ids, quality, embeddings) and, for token budgets, its rows' tokens.
+    (an engine ``Shard``: ids, quality, embeddings) and, for token budgets, its rows' token
+    counts: an array (a small or test corpus) or a loader that returns it (e.g. a
+    ``functools.partial`` of ``shards.read_tokens``), called by the shard's own task
+    (:meth:`token_counts`), so the coordinator never reads a row's count.
 
     ``keep``: the rows that may be selected (deduplication), a bool mask or a function that
     returns it (read by the shard's own task, so the coordinator never holds every shard's
@@ -57,7 +60,7 @@ class CorpusShard:
     key: str
     n: int
     load: Callable
-    tokens: np.ndarray | None = None
+    tokens: object = None  # np.ndarray, a picklable function returning it, or None
     version: str | None = None  # e.g. the features file's content hash: part of checkpoint keys
     keep: object = None
     n_kept: int | None = None
@@ -71,19 +74,34 @@ class CorpusShard:
         if callable(self.keep):
             if self.n_kept is None:
                 raise ConfigError(f"shard {self.key}: a keep function needs n_kept")
-            n, tokens = int(self.n_kept), None
-            if self.tokens is not None:  # token budgets hold every row's count here anyway
-                tokens = np.asarray(self.tokens)[np.asarray(self.keep(), dtype=bool)]
+            n = int(self.n_kept)
+            # read where the counts are read: the shard's task (never the coordinator)
+            tokens = None if self.tokens is None else \
+                functools.partial(_tokens_kept, self.tokens, self.keep)
         else:
             keep = np.asarray(self.keep, dtype=bool)
             if keep.size != self.n:
                 raise ConfigError(f"shard {self.key}: keep mask of {keep.size} rows, "
                                   f"{self.n} expected")
             n = int(keep.sum())
-            tokens = None if self.tokens is None else np.asarray(self.tokens)[keep]
+            if self.tokens is None or callable(self.tokens):
+                tokens = None if self.tokens is None else \
+                    functools.partial(_tokens_kept, self.tokens, keep)
+            else:
+                tokens = np.asarray(self.tokens)[keep]
         return CorpusShard(key=self.key, n=n, version=self.version, tokens=tokens,
                            load=functools.partial(_load_kept, self.load, self.keep),
                            keep_of=self.keep)
+
+    def token_counts(self) -> np.ndarray:
+        """This view's rows' token counts (int64): the array, or the loader's result. Called
+        inside the shard's tasks (and by the gather path, which holds the corpus anyway)."""
+        if self.tokens is None:
+            raise ConfigError(f"shard {self.key}: no token counts")
+        t = np.asarray(self.tokens() if callable(self.tokens) else self.tokens, dtype=np.int64)
+        if t.shape != (self.n,):
+            raise ConfigError(f"shard {self.key}: {t.size} token counts for {self.n} rows")
+        return t
 
     def _mask(self) -> np.ndarray | None:
         keep = self.keep_of
@@ -106,6 +124,15 @@ class CorpusShard:
         own = own[(own >= 0) & (own < m.size)]
         own = own[m[own]]
         return np.cumsum(m)[own] - 1
+
+
+def _tokens_kept(tokens, keep):
+    """A shard's kept rows' token counts (``CorpusShard.kept``'s token loader; pickles)."""
+    m = np.asarray(keep() if callable(keep) else keep, dtype=bool)
+    t = np.asarray(tokens() if callable(tokens) else tokens, dtype=np.int64)
+    if m.size != t.size:
+        raise ConfigError(f"keep mask of {m.size} rows for {t.size} token counts")
+    return t[m]
 
 
 def _load_kept(load, keep):
@@ -276,14 +303,18 @@ def select_corpus(
     n_input = int(sum(s.n for s in shards))
     shards = [s.kept() for s in shards]
     n = int(sum(s.n for s in shards))
-    tokens_total = None
+    tokens_total = tok_summary = None
     if budget.kind == "tokens":
         missing = [s.key for s in shards if s.tokens is None]
         if missing:
             raise ConfigError(f"corpus budget: select_tokens needs token counts; shard(s) "
                               f"{missing[:5]} have none (set token_column, or a text column and "
                               f"a tokenizer)")
-        tokens_total = int(sum(int(np.sum(s.tokens, dtype=np.int64)) for s in shards))
+        from .token_fit import token_totals
+
+        # each shard's counts read by its own task: the totals and the largest document here
+        tok_summary = token_totals(ex, shards)
+        tokens_total = tok_summary["total"]
     if budget.kind == "fraction" and budget_of_input and n_input != n:
         k = budget.rows(n_input)
         if k >= n:
@@ -321,11 +352,12 @@ def select_corpus(
                            tokens_total, log)
     elif chosen == "exchange" and term_name not in HAS_STATS:
         res = _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex,
-                                      workdir, checkpoint_dir, block_rows, timings, log)
+                                      workdir, checkpoint_dir, block_rows, timings, log,
+                                      tok_summary)
     else:
         res = _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n,
                               fits, why, ex, candidates, max_rounds, time_budget_s, on_round,
-                              workdir, checkpoint_dir, warm_start, timings, log)
+                              workdir, checkpoint_dir, warm_start, timings, log, tok_summary)
     selected, route, scores, scored_by, rounds, converged, shard_routes, tokens_info, extra = res
     notes += extra
     if scored_by is not None and n != n_input:
@@ -373,7 +405,7 @@ def _select_held(shards, chosen, k, cfg, dev, mem_budget, blocks, budget, n, tok
     tokens_info, filled = None, None
     q_all = np.concatenate([np.asarray(p.quality, dtype=np.float64) for p in parts])
     if budget.kind == "tokens":
-        tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in shards])
+        tok = np.concatenate([s.token_counts() for s in shards])  # held here anyway
         filled = np.flatnonzero(fit_tokens(np.zeros(n, dtype=bool), q_all, tok,
                                            int(budget.value)))
         if chosen == "gather" and cfg.term_label in HAS_STATS:
@@ -446,7 +478,7 @@ def _token_note(info: dict) -> str:
 
 def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, fits, why, ex,
                     candidates, max_rounds, time_budget_s, on_round, workdir, checkpoint_dir,
-                    warm_start, timings, log):
+                    warm_start, timings, log, tok_summary=None):
     """per_shard and exchange: one task per shard for every pass (:mod:`engine.corpus.sharded`)."""
     import tempfile
 
@@ -466,6 +498,7 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
                      ref=ref if cfg.term_label == "DiSF" else None, state=state,
                      device=str(dev), mem_budget=mem_budget)
     run = ShardedRun(shards, ctx, ex, k, log)
+    run.token_summary = tok_summary
     try:
         t0 = time.perf_counter()
         warm = None
@@ -501,7 +534,7 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
             if run.reference is not None:
                 filled = run.reference
         elif budget.kind == "tokens":
-            got = run.fit_tokens([s.tokens for s in shards], int(budget.value))
+            got = run.fit_tokens(int(budget.value))
         if budget.kind == "tokens":
             tokens_info = _tokens_info(budget.value, got["selected"], got["corpus"],
                                        got["largest_document"])
@@ -518,7 +551,7 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
             sets = {"selection": glob, "quality_topk": _global_topk(q_all, run.k),
                     "random": np.sort(rng.choice(n, size=run.k, replace=False))}
             if filled is not None:
-                sets["quality_topk_tokens"] = filled["rows"]
+                sets["quality_topk_tokens"] = run.reference_rows()
             scores, scored_by = _score_whole(shards, sets, cfg, dev), WHOLE
             selected = {s.key: s.own_rows(r) for s, r in zip(shards, selected_kept)}
         elif cfg.term_label in HAS_STATS:
@@ -543,7 +576,7 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
 
 
 def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex, workdir,
-                            checkpoint_dir, block_rows, timings, log):
+                            checkpoint_dir, block_rows, timings, log, tok_summary=None):
     """Facility location's exchange route: greedy in blocks cut by a corpus-wide k-means with
     one shared gain threshold (:mod:`engine.corpus.blocks`)."""
     import shutil
@@ -575,13 +608,17 @@ def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex
         glob = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
             np.asarray(r, dtype=np.int64) + offsets[i] for i, r in out["rows"].items()]))
         tokens_info, q_all = None, None
-        if budget.kind == "tokens":
-            q_all = np.concatenate(ex.map(task_quality, [(s,) for s in shards]))
-            tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in shards])
-            mask = np.zeros(n, dtype=bool)
-            mask[glob] = True
-            glob = np.flatnonzero(fit_tokens(mask, q_all, tok, int(budget.value)))
-            tokens_info = _tokens_info(budget.value, tok[glob].sum(), tok.sum(), tok.max())
+        if budget.kind == "tokens":  # fit_tokens by quality, each shard's counts in its task
+            from .token_fit import fit_sharded, token_totals
+
+            tok_summary = tok_summary or token_totals(ex, shards)
+            starts = [np.asarray(out["rows"].get(i, []), dtype=np.int64)
+                      for i in range(len(shards))]
+            got = fit_sharded(ex, shards, int(budget.value), starts, want_rows=True, log=log)
+            glob = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
+                r + offsets[i] for i, r in enumerate(got["rows"])]))
+            tokens_info = _tokens_info(budget.value, got["tokens"], tok_summary["total"],
+                                       tok_summary["largest"])
             k = int(glob.size)
         t1 = time.perf_counter()
         guard = None

@@ -35,6 +35,8 @@ CANDIDATES_TOTAL = 1 << 18
 # float32 and is held in the statistics' float64 frame with its quality and place (12·d + 24
 # bytes); the doubling stops here, so the coordinator's round stays bounded at every d
 CANDIDATE_BYTES = 1 << 31
+# token budgets: the run state's version that holds the quality order filled to the target
+REFERENCE = 99_999
 
 
 def candidate_cap(shards: int, d: int, base: int) -> int:
@@ -178,7 +180,7 @@ def task_set_rows(ctx: RunContext, i: int, v_out: int, rows):
 def task_tokens_selected(ctx: RunContext, i: int, shard, version: int):
     """The tokens of the shard's selected rows (token budgets)."""
     rows, _ = ctx.state.load_rows(i, version)
-    return int(np.asarray(shard.tokens, dtype=np.int64)[rows].sum())
+    return int(shard.token_counts()[rows].sum())
 
 
 def task_token_pass(shared, i: int, shard, version: int):
@@ -193,7 +195,7 @@ def task_token_pass(shared, i: int, shard, version: int):
     rows, _ = ctx.state.load_rows(i, version)
     part = _load(shard)
     q = np.asarray(part.quality, dtype=np.float64)
-    t = np.asarray(shard.tokens, dtype=np.int64)
+    t = shard.token_counts()
     sel = _mask(part.n, rows)
     rho = per_token(values_of(st, _torch(grad), dk, part.embeddings, q), t)
     out = {}
@@ -298,6 +300,7 @@ class ShardedRun:
         self.routes: dict = {}
         self.q_range = (np.inf, -np.inf)
         self.reference = None  # token budgets: the quality order filled to the target
+        self.token_summary = None  # token budgets: {"total", "largest", "per_shard"}
 
     # ---- the start
     def start(self, warm: dict | None) -> None:
@@ -420,27 +423,39 @@ class ShardedRun:
         return log_, converged
 
     # ---- the end
-    def fit_tokens(self, tokens_of: list, target: int):
-        """Token budgets: the selection fitted to the target by quality (each shard's quality
-        and tokens are brought here: O(rows), token budgets only)."""
-        from .budget import fit_tokens
+    def tokens(self) -> dict:
+        """Every shard's tokens and the largest document, read by the shards' own tasks
+        (once: :func:`token_fit.token_totals`)."""
+        from .token_fit import token_totals
 
-        q = np.concatenate(self.ex.map(task_quality, [(s,) for s in self.shards]))
-        rows = self.ex.map(task_rows, [(i, self.versions[i]) for i in range(len(self.shards))],
+        if self.token_summary is None:
+            self.token_summary = token_totals(self.ex, self.shards)
+        return self.token_summary
+
+    def fit_tokens(self, target: int) -> dict:
+        """Token budgets: the selection fitted to the target by quality, exactly as
+        ``budget.fit_tokens`` on the gathered corpus (:func:`token_fit.fit_sharded`: token-
+        weighted quality histograms and bounded tail candidates; no row's tokens or quality
+        here)."""
+        from .token_fit import fit_sharded
+
+        got = fit_sharded(self.ex, self.shards, target, list(self.versions), self.ctx.state,
+                          outs=[(v + 1,) for v in self.versions], ctx=self.ctx, log=self.log)
+        self.versions = [v + 1 for v in self.versions]
+        self.k = int(sum(got["counts"]))
+        summary = self.tokens()
+        return {"selected": got["tokens"], "largest_document": summary["largest"],
+                "corpus": summary["total"]}
+
+    def reference_rows(self) -> np.ndarray:
+        """The rows (global numbering, shards in order) of the quality order filled to the
+        target (:meth:`token_budget`'s reference): for a corpus that fits one selection."""
+        rows = self.ex.map(task_rows, [(i, REFERENCE) for i in range(len(self.shards))],
                            shared=self.ctx)
         offsets = np.cumsum([0] + [s.n for s in self.shards])
-        sel = np.zeros(int(offsets[-1]), dtype=bool)
-        for i, r in enumerate(rows):
-            sel[r + offsets[i]] = True
-        tok = np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens_of])
-        sel = fit_tokens(sel, q, tok, target)
-        args = [(i, self.versions[i] + 1, np.flatnonzero(sel[offsets[i]:offsets[i + 1]]))
-                for i in range(len(self.shards))]
-        self.ex.map(task_set_rows, args, shared=self.ctx)
-        self.versions = [v + 1 for v in self.versions]
-        self.k = int(sel.sum())
-        return {"selected": int(tok[sel].sum()), "largest_document": int(tok.max()),
-                "corpus": int(tok.sum())}
+        return np.concatenate([np.zeros(0, dtype=np.int64)] +
+                              [np.asarray(r, dtype=np.int64) + offsets[i]
+                               for i, r in enumerate(rows)])
 
     # ---- token budgets: cost-aware moves (engine.corpus.knapsack)
     def _token_pass(self, m: int, wants: tuple, slack: int | None = None):
@@ -507,9 +522,9 @@ class ShardedRun:
         and the better of the two is the start; with ``search``, cost-aware swap rounds
         (:func:`knapsack.token_swap_search`, then the fit) while a round raises f. The result
         holds at most ``target`` tokens, no unselected row still fits, and f is never below
-        the start's; no round starts after ``time_budget_s``. Reading every shard's quality
-        for the reference is O(rows) here."""
-        from .budget import fit_tokens
+        the start's; no round starts after ``time_budget_s``. The reference is fitted by the
+        shards' tasks (:func:`token_fit.fit_sharded`); its rows stay in the run's state
+        (version ``REFERENCE``)."""
         from .knapsack import token_swap_search
 
         m = max(16, min(candidates, CANDIDATES_TOTAL // max(1, len(self.shards))))
@@ -523,26 +538,21 @@ class ShardedRun:
         self.log(f"corpus: token budget: start fitted by gain per token ({fit['dropped']:,} "
                  f"dropped, {fit['added']:,} added), f={info['f_fitted']:.8g}")
         self.reference = None
-        if reference:
-            q = np.concatenate(self.ex.map(task_quality, [(s,) for s in self.shards]))
-            tok = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in self.shards])
-            ref = fit_tokens(np.zeros(q.size, dtype=bool), q, tok, target)
-            offsets = np.cumsum([0] + [s.n for s in self.shards])
-            rows = [np.flatnonzero(ref[offsets[i]:offsets[i + 1]])
-                    for i in range(len(self.shards))]
-            parts = _sum_parts(self.st, self.ex.map(
-                task_stats_of, [(i, s, rows[i]) for i, s in enumerate(self.shards)],
-                shared=self.ctx))
-            k_ref = int(ref.sum())
+        if reference:  # fit_tokens from nothing, by the shards' tasks (token_fit)
+            from .token_fit import fit_sharded
+
+            got = fit_sharded(self.ex, self.shards, target, [None] * len(self.shards),
+                              self.ctx.state, outs=[(REFERENCE, v + 1) for v in self.versions],
+                              ctx=self.ctx, log=self.log)
+            parts = _sum_parts(self.st, got["parts"])
+            k_ref = int(sum(got["counts"]))
             f_ref = self.st.f(parts, k_ref)
-            self.reference = {"rows": np.flatnonzero(ref), "score": f_ref}
+            self.reference = {"version": REFERENCE, "score": f_ref}
             info["f_quality_filled"] = f_ref["f"]
             if f_ref["f"] > info["f_fitted"]:
-                self.ex.map(task_set_rows, [(i, self.versions[i] + 1, rows[i])
-                                            for i in range(len(self.shards))], shared=self.ctx)
                 self.versions = [v + 1 for v in self.versions]
                 self.parts, self.k = _torch(_np(parts)), k_ref
-                self.total = int(tok[ref].sum())
+                self.total = int(got["tokens"])
                 info["start"] = "the quality order filled to the target (scored above the fit)"
                 self.log("corpus: token budget: the quality order filled to the target scores "
                          f"f={f_ref['f']:.8g}, above the fit: the rounds start there")
@@ -581,10 +591,9 @@ class ShardedRun:
             if f_now - f_before < rtol * max(abs(f_now), 1e-12):
                 break
         info["f"] = self.st.f(self.parts, self.k)["f"]
-        tok_max = max(int(np.max(s.tokens)) if s.n else 0 for s in self.shards)
-        info.update(selected=int(self.total), largest_document=tok_max,
-                    corpus=int(sum(int(np.sum(s.tokens, dtype=np.int64))
-                                   for s in self.shards)))
+        summary = self.tokens()
+        info.update(selected=int(self.total), largest_document=summary["largest"],
+                    corpus=summary["total"])
         return info
 
     def topk_threshold(self) -> tuple[float, list]:

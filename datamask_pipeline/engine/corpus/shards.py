@@ -1,6 +1,7 @@
 """The corpus's shards as the selection reads them: a :class:`CorpusShard` from a shard's
 features file on the data root (row count, version, a loader that pickles for Ray tasks) and,
-for token budgets, its rows' token counts from the raw file."""
+for token budgets, a loader of its rows' token counts from the raw file, called by the shard's
+own tasks (never by the coordinator: it would read, or tokenize, the whole corpus)."""
 
 from __future__ import annotations
 
@@ -60,14 +61,16 @@ def open_shard(layout: storage.DataLayout, key: str, *, expected_dim=None, quali
                tokens: Callable[[str], np.ndarray] | None = None) -> CorpusShard | None:
     """Shard ``key`` of the corpus, read from its features file (None when there is none):
     its rows, its version (the file's size and time) and its loader; ``tokens(raw_uri)``
-    gives its rows' token counts for a token budget."""
+    gives its rows' token counts for a token budget (a picklable function, e.g. a
+    ``functools.partial`` of :func:`read_tokens`): the shard keeps ``tokens`` bound to its raw
+    file, unread, and its tasks call it where they run."""
     uri = layout.features(key)
     if not storage.exists(uri):
         return None
     fs, path = storage.resolve(uri)
     with fs.open_input_file(path) as fh:
         n = pq.ParquetFile(fh).metadata.num_rows
-    counts = tokens(layout.raw_shard(key)) if tokens is not None else None
+    counts = functools.partial(tokens, layout.raw_shard(key)) if tokens is not None else None
     info = fs.get_file_info(path)
     from .select import CorpusShard
 
