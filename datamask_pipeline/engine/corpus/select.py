@@ -271,7 +271,9 @@ def select_corpus(
 ) -> CorpusSelection:
     """Select ``budget`` of the corpus made of ``shards`` (:class:`CorpusShard`) for ``cfg``'s
     objective (λ, terms, solver for the per-shard and gathered solves) and score the result on
-    the whole corpus. Budget errors are raised before any shard is read.
+    the whole corpus. Budget errors are raised before any shard's features are read (a token
+    budget reads every shard's token counts first, in the shards' own tasks on ``executor``:
+    the coordinator gets each shard's total and largest document, never a row's count).
 
     ``gather`` and ``random_blocks`` hold the corpus in this process (a corpus that fits one
     selection). ``per_shard`` and ``exchange`` run one task per shard for every pass on

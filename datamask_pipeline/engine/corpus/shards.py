@@ -6,6 +6,7 @@ own tasks (never by the coordinator: it would read, or tokenize, the whole corpu
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -23,10 +24,33 @@ if TYPE_CHECKING:  # select imports torch: loading the definitions must not
 __all__ = ["features_loader", "open_shard", "read_tokens"]
 
 
+# the token counts of the last few raw files this process read (tasks read a shard's counts
+# once per pass; a text column is tokenized again only when its file left this cache)
+TOKEN_CACHE_FILES = 8
+_TOKEN_CACHE: OrderedDict = OrderedDict()
+
+
 def read_tokens(raw_uri: str, *, token_column: str | None, text_column: str | None,
                 tokenizer: str) -> np.ndarray:
     """Each row's token count: the raw file's ``token_column`` (non-null integers), else the
-    text column counted by ``tokenizer`` (``tokens.count_tokens``)."""
+    text column counted by ``tokenizer`` (``tokens.count_tokens``). The counts of the last
+    ``TOKEN_CACHE_FILES`` files read in this process are kept, keyed by the file's size and
+    time, so a shard's task passes do not tokenize it again."""
+    fs, path = storage.resolve(raw_uri)
+    info = fs.get_file_info(path)
+    key = (raw_uri, info.size, info.mtime_ns, token_column, text_column, tokenizer)
+    if key in _TOKEN_CACHE:
+        _TOKEN_CACHE.move_to_end(key)
+        return _TOKEN_CACHE[key].copy()
+    counts = _read_tokens(raw_uri, token_column=token_column, text_column=text_column,
+                          tokenizer=tokenizer)
+    _TOKEN_CACHE[key] = counts.copy()
+    while len(_TOKEN_CACHE) > TOKEN_CACHE_FILES:
+        _TOKEN_CACHE.popitem(last=False)
+    return counts
+
+
+def _read_tokens(raw_uri: str, *, token_column, text_column, tokenizer) -> np.ndarray:
     if token_column:
         col = storage.read_column(raw_uri, token_column)
         if col is None:
