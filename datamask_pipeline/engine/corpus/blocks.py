@@ -80,7 +80,7 @@ def _id_hash(ids, seed: int) -> np.ndarray:
 
 
 def _load(shard):
-    from .sharded import _load as load
+    from .parts import load_checked as load
 
     return load(shard)
 

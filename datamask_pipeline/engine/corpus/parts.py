@@ -89,3 +89,19 @@ def block_of(ids: np.ndarray, n_blocks: int, seed: int = 0) -> np.ndarray:
                                                          key=k).digest(), "little")
                          for i in ids), dtype=np.uint64, count=len(ids))
     return (h % np.uint64(n_blocks)).astype(np.int64)
+
+
+def load_checked(shard):
+    """The shard's kept rows (a ``Part``), checked against the size the coordinator planned."""
+    from ..config import ConfigError
+
+    part = shard.load()
+    if part.n != shard.n:
+        raise ConfigError(f"shard {shard.key}: {part.n} rows read, {shard.n} expected")
+    return part
+
+
+def stats_numpy(parts: dict) -> dict:
+    """Sufficient statistics as float64 numpy arrays (what a task returns to the coordinator)."""
+    return {n: np.asarray(v.detach().cpu().numpy() if hasattr(v, "detach") else v,
+                          dtype=np.float64) for n, v in parts.items()}

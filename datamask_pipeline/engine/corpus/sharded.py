@@ -21,6 +21,8 @@ import torch
 from .budget import allocate
 from .checkpoint import RunState
 from .parts import _select_part
+from .parts import load_checked as _load
+from .parts import stats_numpy as _np
 from .exchange import (finished, gains_of, next_candidates, shard_candidates, statistics_of,
                        swap_search)
 from .stats import HAS_STATS, stats_for
@@ -66,11 +68,6 @@ class RunContext:
         return stats_for(self.term, self.lamb, self.d, ref=self.ref)
 
 
-def _np(parts: dict) -> dict:
-    return {n: np.asarray(v.detach().numpy() if torch.is_tensor(v) else v, dtype=np.float64)
-            for n, v in parts.items()}
-
-
 def _torch(parts: dict) -> dict:
     return {n: torch.as_tensor(np.asarray(v, dtype=np.float64)) for n, v in parts.items()}
 
@@ -80,16 +77,6 @@ def _sum_parts(st, many: list) -> dict:
     for p in many:
         total = {n: total[n] + torch.as_tensor(np.array(p[n], dtype=np.float64)) for n in total}
     return total
-
-
-def _load(shard):
-    """The shard's kept rows (a ``Part``), checked against the size the coordinator planned."""
-    from ..config import ConfigError
-
-    part = shard.load()
-    if part.n != shard.n:
-        raise ConfigError(f"shard {shard.key}: {part.n} rows read, {shard.n} expected")
-    return part
 
 
 def _mask(n: int, rows: np.ndarray) -> np.ndarray:

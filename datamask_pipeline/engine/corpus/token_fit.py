@@ -92,7 +92,7 @@ def _rows_of(state, i: int, start, n: int) -> np.ndarray:
 
 def _view(shared, i: int, shard, start):
     """(quality, tokens, selection after the plan's drop, the phase's eligible rows)."""
-    from .sharded import _load
+    from .parts import load_checked as _load
 
     state, plan, phase = shared[:3]
     part = _load(shard)
@@ -213,7 +213,8 @@ def task_fit_apply(shared, i: int, shard, start, outs, ctx, want_rows: bool):
     parts = None
     if ctx is not None and ctx.stats() is not None:
         from .exchange import statistics_of
-        from .sharded import _load, _np
+        from .parts import load_checked as _load
+        from .parts import stats_numpy as _np
 
         part = _load(shard)
         parts = _np(statistics_of(ctx.stats(), part.embeddings, q, rows))
