@@ -79,6 +79,16 @@ def _sum_parts(st, many: list) -> dict:
     return total
 
 
+def _moves(in_shard, in_row, out_shard, out_row) -> dict:
+    """{shard: (rows entering, rows leaving)} of a round's swaps, from each side's shard and
+    row (what :meth:`ShardedRun._apply` takes)."""
+    moves: dict = {}
+    for side, (shard, row) in enumerate(((in_shard, in_row), (out_shard, out_row))):
+        for i in np.unique(shard):
+            moves.setdefault(int(i), ([], []))[side].extend(row[shard == i].tolist())
+    return moves
+
+
 def _mask(n: int, rows: np.ndarray) -> np.ndarray:
     m = np.zeros(n, dtype=bool)
     m[rows] = True
@@ -159,11 +169,6 @@ def task_apply(ctx: RunContext, i: int, v_in: int, v_out: int, add, remove):
     return int(rows.size)
 
 
-def task_set_rows(ctx: RunContext, i: int, v_out: int, rows):
-    ctx.state.save_rows(i, v_out, np.asarray(rows, dtype=np.int64))
-    return int(np.asarray(rows).size)
-
-
 def task_tokens_selected(ctx: RunContext, i: int, shard, version: int):
     """The tokens of the shard's selected rows (token budgets)."""
     rows, _ = ctx.state.load_rows(i, version)
@@ -193,14 +198,6 @@ def task_token_pass(shared, i: int, shard, version: int):
     if "fill" in wants:
         out["fits"] = int(np.count_nonzero(~sel & (t <= slack)))
     return out
-
-
-def task_stats_of(ctx: RunContext, i: int, shard, rows):
-    """The statistics of the given rows of a shard (a reference selection's share)."""
-    part = _load(shard)
-    return _np(statistics_of(ctx.stats(), part.embeddings,
-                             np.asarray(part.quality, dtype=np.float64),
-                             np.sort(np.asarray(rows, dtype=np.int64))))
 
 
 def task_quality(_, shard):
@@ -385,12 +382,7 @@ class ShardedRun:
                                                    xout, qout)
             J = np.asarray([j for j, _ in swaps], dtype=np.int64)
             O = np.asarray([o for _, o in swaps], dtype=np.int64)
-            moves: dict = {}
-            for i in np.unique(in_shard[J]):
-                moves.setdefault(int(i), ([], []))[0].extend(in_row[J][in_shard[J] == i].tolist())
-            for i in np.unique(out_shard[O]):
-                moves.setdefault(int(i), ([], []))[1].extend(out_row[O][out_shard[O] == i].tolist())
-            self._apply(moves)
+            self._apply(_moves(in_shard[J], in_row[J], out_shard[O], out_row[O]))
             info = {"round": r + 1, "swaps": len(swaps), "candidates": m,
                     "f_before": f_before, "f": f_now, "seconds": time.perf_counter() - t0,
                     "bytes_exchanged": int(sent)}
@@ -556,12 +548,7 @@ class ShardedRun:
             self.parts, self.k, self.total, _, J, O = token_swap_search(
                 self.st, self.parts, self.k, self.total, target, ci[2], ci[3], ci[4],
                 co[2], co[3], co[4])
-            moves: dict = {}
-            for i in np.unique(ci[0][J]):
-                moves.setdefault(int(i), ([], []))[0].extend(ci[1][J][ci[0][J] == i].tolist())
-            for i in np.unique(co[0][O]):
-                moves.setdefault(int(i), ([], []))[1].extend(co[1][O][co[0][O] == i].tolist())
-            self._apply(moves)
+            self._apply(_moves(ci[0][J], ci[1][J], co[0][O], co[1][O]))
             fit = self._token_fit(target, m)
             f_now = self.st.f(self.parts, self.k)["f"]
             step = {"round": r + 1, "entered": int(J.size), "left": int(O.size),
