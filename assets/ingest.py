@@ -345,7 +345,6 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
             "rejects": rejects, "centering": centering}
 
 
-
 def ingestion_failure(key: str, raw_uri: str, exc: Exception) -> dg.Failure:
     """The ``features`` step's failure for bad input: a ``Failure`` (no retries: the same
     file fails the same way) whose description names the partition, the file, the column
