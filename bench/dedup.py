@@ -9,6 +9,21 @@ footer or a cosine >= the threshold: checked independently) per kind::
 
     python -m bench.dedup planted --pairs 500 --tag dedup_planted
 
+``labelled``: precision and recall per kind on a labelled set (planted copies of four kinds,
+template pages that must all stay), our dedup under several settings and datatrove's MinHash::
+
+    python -m bench.dedup labelled --per-kind 100 --per-template 75 --tag dedup_labelled
+
+``centering``: the labelled set cut into more and smaller files, and its copies in a file of
+another source, with the semantic stage on the features' vectors (each file's language means
+taken out), on the model's vectors and on corpus-wide language means::
+
+    python -m bench.dedup centering --files 2,4,8,16,32,64 --tag dedup_centering
+
+``planted`` and ``labelled`` (and ``centering``) embed as the pipeline does: each file through
+the features step (``assets.ingest.write_features``: the default model and quality scorer, each
+vector less its language's mean in its file, :func:`product_features`).
+
 ``main_job``: the README's main job (``python -m datamask_pipeline.demo --data-root D
 --algorithm Pair_simi``, a subprocess) on the same kind of corpus written as files of only id
 and text, by default, with ``--no-dedup`` and file by file (``--per-shard-chain``): rows
@@ -60,6 +75,64 @@ def _paragraphs(min_chars: int = 80) -> list:
     return sorted(set(out))  # the reference manual repeats some paragraphs verbatim
 
 
+def product_features(texts: list, file_of, workdir: str, geometry: str | None = None) -> dict:
+    """The vectors the features step writes for ``texts``, as the pipeline ingests them: each
+    file (``file_of``) a raw shard of only ``id`` and ``text``, through
+    ``assets.ingest.write_features`` with the default embedder and quality scorer (which
+    detects each row's language) and the contract's ``embedding_language_geometry``
+    (``geometry``; None: the default, ``center``: each vector less its language's mean in its
+    file, ``engine.embed.language_centering``). Returns ``vectors`` (what the features carry,
+    the dedup's input: (n, d) float32 in the order of ``texts``), ``model`` (the model's
+    vectors before centering), ``languages`` (each row's detected language), ``centered``
+    (whether the features step centered them) and ``seconds`` (embedding and scoring)."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from assets.ingest import write_features
+    from datamask_pipeline.engine.contract import EMBEDDING
+    from datamask_pipeline.engine.data import Columns
+    from datamask_pipeline.engine.embed import load_embedder
+    from datamask_pipeline.engine.quality import load_scorer
+
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    n, file_of = len(texts), np.asarray(file_of)
+    embedder, scorer = load_embedder(), load_scorer()
+    vectors = model = None
+    languages = np.empty(n, dtype=object)
+    centered = []
+    t0 = time.perf_counter()
+    for f in np.unique(file_of):
+        m = np.flatnonzero(file_of == f)
+        raw, out = (os.path.join(workdir, f"{w}_{f}.parquet") for w in ("part", "features"))
+        pq.write_table(pa.table({"id": [f"doc{i:06d}" for i in m],
+                                 "text": [texts[i] for i in m]}), raw)
+        info = write_features(raw, out, Columns(id="id"), embedder=embedder, scorer=scorer,
+                              checkpoint_dir=os.path.join(workdir, f"emb_{f}"),
+                              quality_checkpoint_dir=os.path.join(workdir, f"q_{f}"),
+                              language_geometry=geometry)
+        t = pq.read_table(out, columns=[EMBEDDING, "language"])
+        v = np.asarray(t.column(EMBEDDING).combine_chunks().flatten(),
+                       dtype=np.float32).reshape(t.num_rows, -1)
+        if t.num_rows != m.size:
+            raise RuntimeError(f"file {f}: {t.num_rows} features rows for {m.size} texts")
+        if vectors is None:
+            vectors = np.zeros((n, v.shape[1]), np.float32)
+            model = np.zeros((n, v.shape[1]), np.float32)
+        vectors[m], model[m] = v, info["embedding"].load()
+        languages[m] = t.column("language").to_pylist()
+        centered.append(info["centering"] is not None)
+        if centered[-1] and np.array_equal(v, model[m]):
+            # the features would carry the model's vectors and leave the centering to their
+            # readers: the dedup's input is then what the corpus stage reads, not this column
+            raise RuntimeError("the features step centers but writes the model's vectors: "
+                               "take the dedup's vectors from the corpus stage's reader")
+    return {"vectors": vectors, "model": model, "languages": languages,
+            "centered": all(centered), "seconds": time.perf_counter() - t0}
+
+
 def _planted_texts(rng, pairs: int, footers: str = "same") -> tuple:
     """(paragraphs, the planted ones' indices, paragraphs + their planted copies)."""
     base = _paragraphs()
@@ -73,20 +146,20 @@ def _planted_texts(rng, pairs: int, footers: str = "same") -> tuple:
 
 
 def run_planted(pairs: int, files: int, threshold: float, containment: float, seed: int,
-                footers: str = "same") -> dict:
+                footers: str = "same", workdir: str = "/tmp/dedup_planted") -> dict:
+    """Recall and precision on planted copies (the module docstring), on the vectors the
+    features step writes for each file (:func:`product_features`)."""
     from datamask_pipeline.engine.corpus.dedup import deduplicate
-    from datamask_pipeline.engine.embed import load_embedder
 
     rng = np.random.default_rng(seed)
     base, src, texts = _planted_texts(rng, pairs, footers)
     n0, n = len(base), len(base) + pairs
-    t0 = time.perf_counter()
-    x = load_embedder().embed(texts)
-    embed_s = time.perf_counter() - t0
     q = rng.random(n)
     q[n0:] = q[src] - 1e-3  # the copy is a little worse: the original is the one to keep
     file_of = rng.integers(0, files, size=n)
     file_of[n0:] = (file_of[src] + 1 + rng.integers(0, files - 1, size=pairs)) % files
+    feats = product_features(texts, file_of, os.path.join(workdir, "features"))
+    x, embed_s = feats["vectors"], feats["seconds"]
     order = np.lexsort((np.arange(n), file_of))
     inv = np.empty(n, dtype=np.int64)
     inv[order] = np.arange(n)
@@ -98,6 +171,7 @@ def run_planted(pairs: int, files: int, threshold: float, containment: float, se
     cos_planted = (xn[n0:] * xn[src]).sum(1)
     out = {"rows": n, "pairs": pairs, "files": files, "threshold": threshold, "footers": footers,
            "containment": containment, "embed_s": embed_s,
+           "geometry": "center" if feats["centered"] else "off",
            "planted_cosine": {"min": float(cos_planted.min()),
                               "median": float(np.median(cos_planted)),
                               "share_ge_threshold": float((cos_planted >= threshold).mean())},
@@ -370,7 +444,9 @@ def planted_markdown(r: dict) -> str:
     lines = [f"{r['rows'] - r['pairs']:,} paragraphs of CPython's reference manual and "
              f"{r['pairs']} planted copies ({r['rows']:,} rows; a copy is a paragraph again with "
              f"{foot}, in another of {r['files']} files), embedded with the "
-             f"default model: the planted copies' cosine to their originals is {pc['min']:.3f} at "
+             + ("default model and centered by language in each file (the features step's "
+                "default): " if r.get("geometry") == "center" else "default model: ")
+             + f"the planted copies' cosine to their originals is {pc['min']:.3f} at "
              f"least, {pc['median']:.3f} in the median; {pc['share_ge_threshold']:.0%} reach the "
              f"near-duplicate threshold {r['threshold']}.", "",
              "| kinds | recall (planted) | planted pairs both kept | dropped | not planted (justified) | precision | seconds |",
@@ -599,25 +675,20 @@ LABELLED_SETTINGS = (
     ("ours, fuzzy stage only on texts of >= 8 3-grams", {"fuzzy_min_shingles": 8}),
     ("ours, common lines kept (no boilerplate rule)", {"boilerplate_min_docs": None}),
     ("ours, exact+fuzzy only", {"near": False}),
+    # the vectors before the features step's centering (embedding_language_geometry off)
+    ("ours (defaults), the model's vectors (geometry off)", {"vectors": "model"}),
+    ("ours, no text guard, the model's vectors (geometry off)", {"vectors": "model",
+                                                                  "near_containment": 0.0}),
 )
 
 
-def run_labelled(per_kind: int, per_template: int, files: int, seed: int, workdir: str,
-                 thresholds=(0.95, 0.98, 0.99), guards=(0.0, 0.2, 0.3, 0.5)) -> dict:
-    """Precision and recall per kind on :func:`labelled_set`, for our dedup (the default
-    model's embeddings, qualities drawn at random with each copy a little worse than its
-    original) under the settings of ``LABELLED_SETTINGS`` and a sweep of the semantic
-    threshold x text guard, and for datatrove's MinHash; throughput of each."""
-    from datamask_pipeline.engine.corpus.dedup import deduplicate
-    from datamask_pipeline.engine.embed import load_embedder
-
+def _labelled_layout(per_kind: int, per_template: int, files: int, seed: int) -> dict:
+    """:func:`labelled_set` laid out as the labelled measures read it: qualities drawn at
+    random with each copy a little worse than its original (``q``), each row's file
+    (``file_of``: a copy in another file than its original) and row in it (``row_of``)."""
     ls = labelled_set(per_kind, per_template, seed)
-    texts, group, pairs = ls["texts"], ls["group"], ls["pairs"]
-    n = len(texts)
+    n, pairs = len(ls["texts"]), ls["pairs"]
     rng = np.random.default_rng(seed)
-    t0 = time.perf_counter()
-    x = load_embedder().embed(texts)
-    embed_s = time.perf_counter() - t0
     q = rng.random(n)
     for c, o, _ in pairs:
         q[c] = q[o] - 1e-3
@@ -628,34 +699,72 @@ def run_labelled(per_kind: int, per_template: int, files: int, seed: int, workdi
     for f in range(files):
         m = np.flatnonzero(file_of == f)
         row_of[m] = np.arange(m.size)
-    where = {(int(file_of[i]), int(row_of[i])): i for i in range(n)}
-    xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return {**ls, "n": n, "q": q, "file_of": file_of, "row_of": row_of,
+            "where": {(int(file_of[i]), int(row_of[i])): i for i in range(n)}}
+
+
+def _labelled_cosines(v: np.ndarray, group: list, pairs: list) -> tuple:
+    """(each planted kind's cosine of the copies to their originals: min and median; each
+    template's pages' highest cosine to another page of it: median and shares >= 0.98,
+    0.99)."""
+    xn = v / np.linalg.norm(v, axis=1, keepdims=True)
     tmpl = [i for i, g in enumerate(group) if g.startswith("template")]
-    # how close template pages sit: each one's highest cosine to another page of its kind
     tcos = {}
     for kind in TEMPLATES:
         m = [i for i in tmpl if group[i] == f"template:{kind}"]
         c = xn[m] @ xn[m].T
         np.fill_diagonal(c, -1)
         tcos[kind] = {"median_max_cosine": float(np.median(c.max(1))),
-                      "share_ge_0.98": float((c.max(1) >= 0.98).mean())}
+                      "share_ge_0.98": float((c.max(1) >= 0.98).mean()),
+                      "share_ge_0.99": float((c.max(1) >= 0.99).mean())}
     pc_ = {k: [float(xn[c] @ xn[o]) for c, o, kk in pairs if kk == k] for k in PLANTED_KINDS}
+    return {k: {"min": min(v), "median": float(np.median(v))} for k, v in pc_.items()}, tcos
+
+
+def run_labelled(per_kind: int, per_template: int, files: int, seed: int, workdir: str,
+                 thresholds=(0.95, 0.98, 0.99), guards=(0.0, 0.2, 0.3, 0.5)) -> dict:
+    """Precision and recall per kind on :func:`labelled_set`, for our dedup (the vectors the
+    features step writes: the default model's, centered by language in each file,
+    :func:`product_features`; qualities drawn at random with each copy a little worse than
+    its original) under the settings of ``LABELLED_SETTINGS`` and a sweep of the semantic
+    threshold x text guard, and for datatrove's MinHash; throughput of each."""
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+
+    lay = _labelled_layout(per_kind, per_template, files, seed)
+    texts, group, pairs, n = lay["texts"], lay["group"], lay["pairs"], lay["n"]
+    q, file_of, row_of, where = lay["q"], lay["file_of"], lay["row_of"], lay["where"]
+    # the vectors the features step writes (the dedup's input): each file embedded and
+    # centered by language as ingestion does
+    feats = product_features(texts, file_of, os.path.join(workdir, "features"))
+    x, x_model = feats["vectors"], feats["model"]
+
+    def cosines(v):
+        return _labelled_cosines(v, group, pairs)
+
+    pcos, tcos = cosines(x)
+    pcos_model, tcos_model = cosines(x_model)
+    langs = feats["languages"].tolist()
     out = {"rows": n, "per_kind": per_kind, "per_template": per_template, "files": files,
-           "groups": {g: group.count(g) for g in sorted(set(group))}, "embed_s": embed_s,
-           "planted_cosine": {k: {"min": min(v), "median": float(np.median(v))}
-                              for k, v in pc_.items()},
-           "template_cosine": tcos, "cpu": cpu_model(), "runs": {}, "sweep": []}
+           "groups": {g: group.count(g) for g in sorted(set(group))},
+           "embed_s": feats["seconds"], "geometry": "center" if feats["centered"] else "off",
+           "languages": {k: langs.count(k) for k in sorted(set(langs), key=langs.count,
+                                                           reverse=True)},
+           "planted_cosine": pcos, "template_cosine": tcos,
+           "planted_cosine_model": pcos_model, "template_cosine_model": tcos_model,
+           "cpu": cpu_model(), "runs": {}, "sweep": []}
     arr = np.asarray(texts, dtype=object)
 
-    def ours(**kw):
+    def ours(vectors=x, **kw):
         t0 = time.perf_counter()
-        res = deduplicate(x, q, np.arange(n), file_of, row_of, arr, **kw)
+        res = deduplicate(vectors, q, np.arange(n), file_of, row_of, arr, **kw)
         secs = time.perf_counter() - t0
         dropped = {where[(d["shard"], d["row"])] for d in res.dropped}
         return res, dropped, secs
 
     ours(near=False)  # warm-up: the first call loads faiss and datasketch
     for name, kw in LABELLED_SETTINGS:
+        if kw.get("vectors") == "model":
+            kw = {**kw, "vectors": x_model}
         res, dropped, secs = ours(**kw)
         sc = _score(dropped, pairs, group)
         sc.update(seconds=secs, rows_per_s=n / secs, stats={k: v for k, v in res.stats.items()
@@ -683,6 +792,149 @@ def run_labelled(per_kind: int, per_template: int, files: int, seed: int, workdi
     print(f"datatrove: recall {sc['recall_all']:.3f} {sc['recall']} precision "
           f"{sc['precision']:.3f} wrong {sc['wrong_drops']} {secs:.1f}s", flush=True)
     return out
+
+
+CENTERING_GEOMETRIES = ("per file (the features step)", "off (the model's vectors)",
+                        "corpus-wide language means")
+
+
+def run_centering(per_kind: int, per_template: int, files_list, seed: int, workdir: str,
+                  mixes=(0, 800), thresholds=(0.95, 0.9, 0.8)) -> dict:
+    """The labelled set (:func:`_labelled_layout`) cut into each number of files of
+    ``files_list``, through the features step (:func:`product_features`): our dedup under
+    its defaults on the vectors the features carry (each file's language means taken out),
+    on the model's vectors (``embedding_language_geometry`` off) and on the model's vectors
+    less each language's mean over the whole corpus (not built: what one more pass would
+    give). Per number of files and geometry: the planted copies' cosine to their originals,
+    recall per kind, precision and the template pages dropped. Then ``sources``: the planted
+    copies in one file and their originals in another, the copies' file with each number of
+    ``mixes`` documents of man-page text beside them (:func:`man_documents`): what
+    centering does to a copy whose file is of another source (recall only: the man pages'
+    own duplicates are not labelled). ``thresholds``: the defaults on the features' vectors
+    with each lower semantic threshold, in every layout."""
+    from datamask_pipeline.engine.corpus.dedup import deduplicate
+    from datamask_pipeline.engine.embed import language_centering
+
+    out = {"per_kind": per_kind, "per_template": per_template, "cpu": cpu_model(), "runs": [],
+           "sources": [], "thresholds": []}
+    for files in files_list:
+        lay = _labelled_layout(per_kind, per_template, files, seed)
+        texts, group, pairs, n = lay["texts"], lay["group"], lay["pairs"], lay["n"]
+        feats = product_features(texts, lay["file_of"], os.path.join(workdir, f"f{files}"))
+        model = feats["model"]
+        corpus = language_centering([model], feats["languages"].tolist()).apply(model, 0)
+        arr = np.asarray(texts, dtype=object)
+        for geometry, x in zip(CENTERING_GEOMETRIES, (feats["vectors"], model, corpus)):
+            res = deduplicate(x, lay["q"], np.arange(n), lay["file_of"], lay["row_of"], arr)
+            dropped = {lay["where"][(d["shard"], d["row"])] for d in res.dropped}
+            sc = _score(dropped, pairs, group)
+            pcos, tcos = _labelled_cosines(x, group, pairs)
+            out["runs"].append({"files": files, "rows": n, "rows_per_file": n / files,
+                                "geometry": geometry, "centered": feats["centered"],
+                                "planted_cosine": pcos, "template_cosine": tcos, **sc})
+            print(f"{files:3d} files ({n / files:5.0f} rows a file) {geometry:32s} near cosine "
+                  f"min {pcos['near']['min']:.3f} median {pcos['near']['median']:.3f}: recall "
+                  f"{sc['recall_all']:.3f} {sc['recall']} precision {sc['precision']:.3f} "
+                  f"template pages dropped {sc['template_pages_dropped']}", flush=True)
+        for t in thresholds:  # a lower threshold on the features' vectors, the guard as it is
+            res = deduplicate(feats["vectors"], lay["q"], np.arange(n), lay["file_of"],
+                              lay["row_of"], arr, threshold=t)
+            sc = _score({lay["where"][(d["shard"], d["row"])] for d in res.dropped}, pairs,
+                        group)
+            out["thresholds"].append({"layout": f"{files} files", "threshold": t,
+                                      "recall_near": sc["recall"]["near"],
+                                      "recall_all": sc["recall_all"],
+                                      "precision": sc["precision"],
+                                      "template_pages_dropped": sc["template_pages_dropped"]})
+    # the copies in a file of another source: file 0 the originals and the manual's other
+    # paragraphs, file 1 the copies and ``mix`` documents of man-page text
+    lay = _labelled_layout(per_kind, per_template, 8, seed)
+    texts, group, pairs = lay["texts"], lay["group"], lay["pairs"]
+    keep = [i for i, g in enumerate(group) if g == "base" or g == "original"]
+    copies = [c for c, _, _ in pairs]
+    for mix in mixes:
+        docs, _ = man_documents(mix, 0, seed) if mix else ([], None)
+        rows = keep + copies
+        pos = {r_: j for j, r_ in enumerate(rows)}
+        t = [texts[i] for i in rows] + list(docs)
+        g = [group[i] for i in rows] + ["man"] * len(docs)
+        file_of = np.array([0] * len(keep) + [1] * (len(copies) + len(docs)))
+        sp = [(pos[c], pos[o], k) for c, o, k in pairs]
+        n = len(t)
+        rng = np.random.default_rng(seed)
+        q = rng.random(n)
+        for c, o, _ in sp:
+            q[c] = q[o] - 1e-3
+        row_of = np.concatenate([np.arange(len(keep)), np.arange(n - len(keep))])
+        feats = product_features(t, file_of, os.path.join(workdir, f"mix{mix}"))
+        model = feats["model"]
+        corpus = language_centering([model], feats["languages"].tolist()).apply(model, 0)
+        arr = np.asarray(t, dtype=object)
+        for geometry, x in zip(CENTERING_GEOMETRIES, (feats["vectors"], model, corpus)):
+            res = deduplicate(x, q, np.arange(n), file_of, row_of, arr)
+            dropped = {(len(keep) if d["shard"] else 0) + d["row"] for d in res.dropped}
+            sc = _score(dropped, sp, g)
+            xn = x / np.linalg.norm(x, axis=1, keepdims=True)
+            cn = [float(xn[c] @ xn[o]) for c, o, k in sp if k == "near"]
+            out["sources"].append({"man_documents": mix, "rows": n,
+                                   "rows_in_copies_file": n - len(keep), "geometry": geometry,
+                                   "near_cosine": {"min": min(cn), "median": float(np.median(cn))},
+                                   "recall": sc["recall"], "recall_all": sc["recall_all"]})
+            print(f"copies' file with {mix} man-page documents, {geometry:32s} near cosine min "
+                  f"{min(cn):.3f} median {np.median(cn):.3f}: recall {sc['recall_all']:.3f} "
+                  f"{sc['recall']}", flush=True)
+        for t in thresholds:
+            res = deduplicate(feats["vectors"], q, np.arange(n), file_of, row_of, arr, threshold=t)
+            sc = _score({(len(keep) if d["shard"] else 0) + d["row"] for d in res.dropped}, sp, g)
+            out["thresholds"].append({"layout": f"copies' file with {mix} man-page documents",
+                                      "threshold": t, "recall_near": sc["recall"]["near"],
+                                      "recall_all": sc["recall_all"]})
+    return out
+
+
+def centering_markdown(r: dict) -> str:
+    lines = [f"The labelled set ({r['runs'][0]['rows']:,} rows: {r['per_kind']} planted copies "
+             f"per kind, {r['per_template']} template pages per template; as in the labelled "
+             "measure, each copy in another file than its original) cut into more and smaller "
+             "files, each file through the features step (quality scorer and language detection, "
+             "the default model, centering by language in the file), then our dedup under its "
+             "defaults on three geometries: the vectors the features carry (the default), the "
+             "model's vectors (`embedding_language_geometry: off`), and the model's vectors less "
+             "each language's mean over the whole corpus (not built). Near copies: the same "
+             "words reordered (the model's cosine 1.000); only the semantic stage finds them.", "",
+             "| files | rows a file | geometry | near copies' cosine min / median | recall near "
+             "| recall all | precision | template pages dropped |",
+             "|---:|---:|---|---|---:|---:|---:|---:|"]
+    for s in r["runs"]:
+        c = s["planted_cosine"]["near"]
+        lines.append(f"| {s['files']} | {s['rows_per_file']:.0f} | {s['geometry']} | "
+                     f"{c['min']:.3f} / {c['median']:.3f} | {s['recall']['near']:.3f} | "
+                     f"{s['recall_all']:.3f} | {s['precision']:.3f} | "
+                     f"{s['template_pages_dropped']} |")
+    lines += ["", "Files that differ in what they hold: the planted copies all in one file (a "
+              "quarter of them upper-cased, a quarter with the common footer), their originals "
+              "in another with the manual's other paragraphs, and beside the copies 0 or more "
+              "documents of man-page text (another source); our dedup under its defaults:", "",
+              "| man-page documents in the copies' file | geometry | near copies' cosine min / "
+              "median | recall exact | footer | fuzzy | near | all |",
+              "|---:|---|---|---:|---:|---:|---:|---:|"]
+    for s in r["sources"]:
+        c, rc = s["near_cosine"], s["recall"]
+        lines.append(f"| {s['man_documents']} | {s['geometry']} | {c['min']:.3f} / "
+                     f"{c['median']:.3f} | {rc['exact']:.3f} | {rc['footer']:.3f} | "
+                     f"{rc['fuzzy']:.3f} | {rc['near']:.3f} | {s['recall_all']:.3f} |")
+    if r.get("thresholds"):
+        lines += ["", "A lower semantic threshold on the features' vectors (the text guard and "
+                  "every other setting the defaults; precision and template pages only where the "
+                  "set has them):", "",
+                  "| layout | threshold | recall near | recall all | precision | template pages "
+                  "dropped |", "|---|---:|---:|---:|---:|---:|"]
+        for s in r["thresholds"]:
+            p = f"{s['precision']:.3f}" if "precision" in s else "-"
+            tp = s.get("template_pages_dropped", "-")
+            lines.append(f"| {s['layout']} | {s['threshold']} | {s['recall_near']:.3f} | "
+                         f"{s['recall_all']:.3f} | {p} | {tp} |")
+    return "\n".join(lines)
 
 
 def run_throughput(rows: int, seed: int, workdir: str) -> dict:
@@ -725,6 +977,30 @@ def throughput_markdown(r: dict) -> str:
         f"{r['rows'] / r['datatrove_s']:,.0f} | {r['datatrove_dropped']:,} |"])
 
 
+def _labelled_embeddings(r: dict) -> str:
+    if r.get("geometry") is None:  # a run from before the features step's centering
+        return (f"Embeddings: the default model (embedding took {r['embed_s']:.1f} s, not in "
+                "the dedup's seconds).")
+    langs = ", ".join(f"{k or 'none'} {v:,}" for k, v in r["languages"].items())
+    how = ("each vector less the mean of its language's rows in its file (the default "
+           "`embedding_language_geometry: center`)" if r["geometry"] == "center"
+           else "the model's vectors (`embedding_language_geometry: off`)")
+    return (f"Embeddings: the features step's, file by file (`assets.ingest.write_features`: "
+            f"the default model, the quality scorer's language per row: {langs}; {how}; "
+            f"{r['embed_s']:.1f} s, not in the dedup's seconds).")
+
+
+def _labelled_model_cosines(r: dict) -> str:
+    pm = r.get("planted_cosine_model")
+    if pm is None:
+        return ""
+    return (" The model's vectors before centering: " + ", ".join(
+        f"{k} min {v['min']:.3f} / median {v['median']:.3f}" for k, v in pm.items())
+        + "; template pages " + ", ".join(
+            f"{k} median {v['median_max_cosine']:.3f} ({v['share_ge_0.98']:.0%} >= 0.98)"
+            for k, v in r["template_cosine_model"].items()) + ".")
+
+
 def labelled_markdown(r: dict) -> str:
     g = r["groups"]
     lines = [
@@ -740,14 +1016,13 @@ def labelled_markdown(r: dict) -> str:
         "(near-misses: none may be dropped): web (navigation and a 6-line license block), man "
         "(a man page's sections, copyright and see-also paragraphs), web_dated (web with a "
         "header line of its own, so no line of the template is common), stub (web around one "
-        "8-word line). Embeddings: the default model (embedding took "
-        f"{r['embed_s']:.1f} s, not in the dedup's seconds).", "",
+        "8-word line). " + _labelled_embeddings(r), "",
         "Cosine of the planted copies to their originals: " + ", ".join(
             f"{k} min {v['min']:.3f} / median {v['median']:.3f}"
             for k, v in r["planted_cosine"].items()) + ". Template pages' highest cosine to "
         "another page of their template: " + ", ".join(
             f"{k} median {v['median_max_cosine']:.3f} ({v['share_ge_0.98']:.0%} >= 0.98)"
-            for k, v in r["template_cosine"].items()) + ".", "",
+            for k, v in r["template_cosine"].items()) + "." + _labelled_model_cosines(r), "",
         "Recall: planted pairs with exactly one member dropped. Precision: dropped rows that are "
         "a member of a planted pair whose other member stays. Wrong drops: the other dropped "
         "rows, by group. The same rule for every dedup.", "",
@@ -778,6 +1053,7 @@ def main(argv=None) -> int:
     a.add_argument("--threshold", type=float, default=0.99)  # dedup.DEFAULT_THRESHOLD
     a.add_argument("--containment", type=float, default=0.8)
     a.add_argument("--footers", default="same", choices=("same", "distinct"))
+    a.add_argument("--workdir", default="/tmp/dedup_planted")
     c = sub.add_parser("main_job")
     c.add_argument("--pairs", type=int, default=500)
     c.add_argument("--files", type=int, default=8)
@@ -791,6 +1067,12 @@ def main(argv=None) -> int:
     e.add_argument("--per-template", type=int, default=50)
     e.add_argument("--files", type=int, default=8)
     e.add_argument("--workdir", default="/tmp/dedup_labelled")
+    g = sub.add_parser("centering")
+    g.add_argument("--per-kind", type=int, default=100)
+    g.add_argument("--per-template", type=int, default=75)
+    g.add_argument("--files", default="2,8,32,64")
+    g.add_argument("--man-documents", default="0,800")
+    g.add_argument("--workdir", default="/tmp/dedup_centering")
     f = sub.add_parser("throughput")
     f.add_argument("--rows", type=int, default=10_000)
     f.add_argument("--workdir", default="/tmp/dedup_throughput")
@@ -799,7 +1081,7 @@ def main(argv=None) -> int:
     d.add_argument("--long-mb", type=float, default=3.0)
     d.add_argument("--files", type=int, default=8)
     d.add_argument("--workdir", default="/tmp/dedup_long_document")
-    for s in (a, b, c, d, e, f):
+    for s in (a, b, c, d, e, f, g):
         s.add_argument("--seed", type=int, default=0)
         s.add_argument("--tag", default=None)
         s.add_argument("--out", default="bench/results")
@@ -809,7 +1091,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
     if args.what == "planted":
         r = run_planted(args.pairs, args.files, args.threshold, args.containment, args.seed,
-                        args.footers)
+                        args.footers, args.workdir)
         md = planted_markdown(r)
     elif args.what == "main_job":
         r = run_main_job(args.pairs, args.files, args.seed, args.workdir, args.algorithm)
@@ -817,6 +1099,11 @@ def main(argv=None) -> int:
     elif args.what == "labelled":
         r = run_labelled(args.per_kind, args.per_template, args.files, args.seed, args.workdir)
         md = labelled_markdown(r)
+    elif args.what == "centering":
+        r = run_centering(args.per_kind, args.per_template,
+                          [int(v) for v in args.files.split(",")], args.seed, args.workdir,
+                          [int(v) for v in args.man_documents.split(",")])
+        md = centering_markdown(r)
     elif args.what == "throughput":
         r = run_throughput(args.rows, args.seed, args.workdir)
         md = throughput_markdown(r)
