@@ -156,14 +156,16 @@ def stage(name: str) -> dict:
     return {"datamask/stage": name}
 
 
-CODE_VERSION = "features-1"
+# features-2: the model's vectors and each language's sums in the footer (features-1 wrote the
+# vectors centered by the shard's language means)
+CODE_VERSION = "features-2"
 BATCH_ROWS = 65536
 # Row groups of the features file. Readers (the DuckDB checks) hold about one row group per
 # thread: 8192 rows of 768-d float32 embeddings are 25 MB, 65536 rows were 200 MB.
 ROW_GROUP_ROWS = 8192
 
 ID, QUALITY, EMBEDDING = "id", "quality", "embedding"
-LANGUAGE = "language"
+LANGUAGE = E.LANGUAGE_COLUMN
 EMBEDDING_TYPE = pa.list_(pa.float32())
 
 @dg.observable_source_asset(
@@ -253,10 +255,13 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
     read). Past the share, or with None, such a row rejects the shard (DataContractError).
 
     ``language_geometry`` (``engine.embed.LANGUAGE_GEOMETRIES``; None: the default, ``center``):
-    when the shard is embedded here and its languages are known (the heuristic scorer's),
-    ``center`` writes each vector less its language's mean in the shard
-    (``engine.embed.language_centering``); ``centering`` in the result is that
-    ``LanguageCentering``, else None. ``off``: the model's vectors as they are."""
+    the vectors written are the model's either way. When the shard is embedded here and its
+    languages are known (the heuristic scorer's), ``center`` records each language's vector sum
+    and rows over the shard in the footer (``engine.embed.LanguageSums``), by which the readers
+    center the vectors: a shard's steps by the shard's means, the corpus stage by the
+    corpus's; ``language_sums`` in the result is those sums and ``centering`` the shard's own
+    ``LanguageCentering``, else None. ``off``: the footer says so, and every reader keeps the
+    model's vectors."""
     geometry = language_geometry or E.DEFAULT_LANGUAGE_GEOMETRY
     if geometry not in E.LANGUAGE_GEOMETRIES:
         raise ConfigError(f"embedding_language_geometry must be one of "
@@ -291,13 +296,20 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
             reader = embedded.reader()
         id_type = _canonical_id_type(pf.schema_arrow.field(columns.id).type)
         langs = None if scored is None else scored.languages
-        centering = None
-        if embedded is not None and langs is not None and geometry == "center":
-            centering = E.language_centering(embedded.arrays(), langs)
+        sums = centering = None
+        footer = {}
+        if embedded is not None and langs is not None:
+            footer[E.META_GEOMETRY] = geometry.encode()
+            if geometry == "center":
+                sums = E.LanguageSums.of(embedded.arrays(), langs)
+                centering = sums.centering(langs)
+                footer.update(sums.footer())
         schema = features_schema(id_type, raw_row=skip is not None, language=langs is not None)
         if skip is not None:
-            schema = schema.with_metadata({META_QUARANTINED: str(skip.count).encode(),
-                                           META_RAW_ROWS: str(skip.n).encode()})
+            footer.update({META_QUARANTINED: str(skip.count).encode(),
+                           META_RAW_ROWS: str(skip.n).encode()})
+        if footer:
+            schema = schema.with_metadata(footer)
         rows = raw = 0
         dims: dict = {}
         with storage.atomic_output(out_uri) as fh:
@@ -320,8 +332,6 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
                     if keep is not None:  # quarantined rows leave the features
                         batch, at = batch.filter(pa.array(keep)), at[keep]
                     vectors = None if embedded is None else reader.take(batch.num_rows)
-                    if centering is not None:
-                        vectors = centering.apply(vectors, rows)
                     out = canonical_batch(
                         batch, columns, str(raw_uri), id_type, vectors,
                         None if scored is None else scored.scores[rows:rows + batch.num_rows])
@@ -342,7 +352,7 @@ def write_features(raw_uri: str, out_uri: str, columns: Columns, *, embedder=Non
         src.close()
     return {"rows": rows, "bytes": storage.size(out_uri), "sha256": storage.sha256(out_uri),
             "dims": dims, "id_type": str(id_type), "embedding": embedded, "quality": scored,
-            "rejects": rejects, "centering": centering}
+            "rejects": rejects, "language_sums": sums, "centering": centering}
 
 
 def ingestion_failure(key: str, raw_uri: str, exc: Exception) -> dg.Failure:

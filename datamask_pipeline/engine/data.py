@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import storage
 from . import contract as C
+from . import embed, storage
 from .contract import rule_expected_dim, rule_quality_range
 from .errors import MAX_IDS, DataContractError
 
@@ -331,8 +331,13 @@ def _embeddings(col, path: str, name: str, n: int, expected_dim, err) -> np.ndar
 # ------------------------------------------------------------------ files
 def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_range=None, *,
                embedder=None, embed_checkpoint=None, embed_progress=None, scorer=None,
-               quality_checkpoint=None, quality_progress=None) -> Shard:
+               quality_checkpoint=None, quality_progress=None, language_sums=None) -> Shard:
     """Read and validate one parquet shard (only the id, quality and embedding columns).
+
+    A features file whose footer records its languages' vector sums (the features step's
+    ``embedding_language_geometry: center``, ``engine.embed.LanguageSums``) has its vectors
+    centered by language as they are read: by ``language_sums`` when given (the corpus's, in
+    the corpus stage), else by the shard's own. Any other file's vectors are used as stored.
 
     A text-only shard (``Columns.source``) is embedded from its text column by ``embedder``
     (an ``engine.embed.Embedder`` or a function returning one; default: the default model),
@@ -344,7 +349,7 @@ def read_shard(uri, columns: Columns = Columns(), expected_dim=None, quality_ran
     temporary directory); ``Shard.scored`` says how."""
     shard, scored = _read_shard(uri, columns, expected_dim, quality_range, embedder,
                                 embed_checkpoint, embed_progress, scorer, quality_checkpoint,
-                                quality_progress)
+                                quality_progress, language_sums)
     shard.scored = scored
     return shard
 
@@ -375,7 +380,7 @@ def scored_columns(columns: Columns) -> Columns:
 
 
 def _read_shard(uri, columns, expected_dim, quality_range, embedder, embed_checkpoint,
-                embed_progress, scorer, quality_checkpoint, quality_progress):
+                embed_progress, scorer, quality_checkpoint, quality_progress, language_sums):
     path = str(uri)
     try:
         fs, p = storage.resolve(uri)
@@ -395,15 +400,27 @@ def _read_shard(uri, columns, expected_dim, quality_range, embedder, embed_check
         if source == C.TEXT:
             return _read_text_shard(pf, path, columns, expected_dim, quality_range, embedder,
                                     embed_checkpoint, embed_progress, scored), scored
+        own = embed.LanguageSums.from_footer(schema.metadata)
+        wanted = [c for c in columns.needed() if c in schema.names]
+        if own is not None:
+            if embed.LANGUAGE_COLUMN not in schema.names:
+                raise DataContractError(path, RULE_PRESENT, column=embed.LANGUAGE_COLUMN,
+                                        detail="the footer records language sums")
+            wanted.append(embed.LANGUAGE_COLUMN)
         try:
-            table = pf.read(columns=[c for c in columns.needed() if c in schema.names])
+            table = pf.read(columns=wanted)
         except (OSError, pa.ArrowException, ValueError) as exc:
             raise DataContractError(path, RULE_READABLE, detail=str(exc)) from exc
     finally:
         src.close()
     table, columns = _with_scores(table, columns, scored)
-    return table_to_shard(table, path, columns, expected_dim=expected_dim,
-                          quality_range=quality_range), scored
+    shard = table_to_shard(table, path, columns, expected_dim=expected_dim,
+                           quality_range=quality_range)
+    if own is not None:  # the model's vectors, centered here (in place)
+        sums = own if language_sums is None else language_sums
+        centering = sums.centering(table.column(embed.LANGUAGE_COLUMN))
+        centering.apply(shard.embeddings, out=shard.embeddings)
+    return shard, scored
 
 
 def _with_scores(table: pa.Table, columns: Columns, scored):
@@ -418,8 +435,6 @@ def _read_text_shard(pf, path, columns: Columns, expected_dim, quality_range, em
     """A text-only shard: ids and quality checked first (cheap), then embedded, then the
     embeddings checked like read ones."""
     import tempfile
-
-    from . import embed
 
     names = pf.schema_arrow.names
     try:

@@ -5,13 +5,15 @@ one (the default ``wordllama`` model ships inside its PyPI package and runs offl
 name is a sentence-transformers model or local directory). :func:`embed_shard` streams a
 shard's text column, applies the contract's text rules, and writes the vectors in chunks under a
 checkpoint location, so that chunks already written are not recomputed after a kill.
-:func:`language_centering` takes each language's mean vector out of a shard's vectors (the
+:class:`LanguageSums` (each language's vector sum and rows, a shard's or a corpus's) gives the
+:class:`LanguageCentering` that takes each language's mean vector out of the vectors (the
 diversity geometry of a corpus in several languages, ``LANGUAGE_GEOMETRIES``).
 """
 
 from __future__ import annotations
 
 import abc
+import base64
 import hashlib
 import io
 import json
@@ -24,6 +26,7 @@ from typing import Callable, Iterator, Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import contract as C
@@ -33,9 +36,9 @@ from .errors import MAX_IDS, DataContractError
 
 __all__ = ["Embedder", "Encoded", "EmbedderError", "WordLlamaEmbedder",
            "SentenceTransformerEmbedder", "load_embedder", "embed_shard", "EmbedResult",
-           "EmbedProgress", "DEFAULT_MODEL", "POOLINGS", "LanguageCentering",
-           "language_centering", "LANGUAGE_GEOMETRIES", "DEFAULT_LANGUAGE_GEOMETRY",
-           "LANGUAGE_MIN_ROWS"]
+           "EmbedProgress", "DEFAULT_MODEL", "POOLINGS", "LanguageCentering", "LanguageSums",
+           "language_centering", "read_language_sums", "LANGUAGE_GEOMETRIES",
+           "DEFAULT_LANGUAGE_GEOMETRY", "LANGUAGE_MIN_ROWS", "LANGUAGE_COLUMN"]
 
 DEFAULT_MODEL = "wordllama"
 # WordLlama has no positional limit (a bag of tokens); 512 is the limit of the BERT-family
@@ -46,12 +49,14 @@ POOLINGS = ("truncate", "chunks")
 DEFAULT_MAX_CHUNKS = 64
 DEFAULT_CHUNK_ROWS = 8192
 # The geometry the diversity terms see in a corpus of several languages (the contract's
-# embedding_language_geometry): "center" subtracts each language's mean vector within the shard
-# (language_centering), "off" keeps the model's vectors as they are (upstream).
+# embedding_language_geometry): "center" subtracts each language's mean vector where the vectors
+# are read, the shard's mean in a shard's steps and the corpus's in the corpus stage
+# (LanguageSums); "off" keeps the model's vectors as they are (upstream).
 LANGUAGE_GEOMETRIES = ("center", "off")
 DEFAULT_LANGUAGE_GEOMETRY = "center"
-# A language with fewer rows than this in a shard is centered with the shard's other rare
-# languages (their pooled mean; the whole shard's mean when they are fewer than this too).
+# A language with fewer rows than this in the scope (shard or corpus) is centered with the
+# scope's other rare languages (their pooled mean; the whole scope's mean when they are fewer
+# than this too).
 LANGUAGE_MIN_ROWS = 8
 # A centered vector shorter than this (a group of one row, or identical rows) keeps the model's
 # vector: a zero vector has no direction.
@@ -289,13 +294,19 @@ def load_embedder(model: str = DEFAULT_MODEL, *, max_tokens: int | None = None,
 
 
 # ------------------------------------------------------------------ language geometry
-RARE = "*"  # the group of the rows whose language is rare in the shard
+RARE = "*"  # the group of the rows whose language is rare in the scope
+LANGUAGE_COLUMN = "language"  # the features' column of each row's language
+# The features file's footer: the geometry the features step wrote them for and, with
+# ``center``, each language's vector sum and rows over the shard (:meth:`LanguageSums.footer`).
+META_GEOMETRY = b"datamask.embedding_language_geometry"
+META_LANGUAGE_SUMS = b"datamask.embedding_language_sums"
+_APPLY_ROWS = 65536  # rows centered at a time (bounds the temporary copy)
 
 
 @dataclass(frozen=True)
 class LanguageCentering:
-    """Each row's language group in a shard and each group's mean vector: :meth:`apply` takes
-    the group's mean out of the rows' vectors and scales them back to unit length.
+    """Each row's language group and each group's mean vector: :meth:`apply` takes the group's
+    mean out of the rows' vectors and scales them back to unit length.
 
     Why: a static English-centric model (the default wordllama) puts each language in its own
     region, far from English and packed tighter than English (on man pages in en/de/fr/es,
@@ -309,19 +320,25 @@ class LanguageCentering:
     texts stay identical."""
 
     groups: np.ndarray  # (n,) object: the row's language, or RARE
-    centroids: dict  # group -> (d,) float32 mean of the model's vectors of its rows
-    counts: dict  # group -> rows
+    centroids: dict  # group -> (d,) float32 mean of the model's vectors of its rows in the scope
+    counts: dict  # group -> rows in the scope
 
-    def apply(self, vectors: np.ndarray, start: int) -> np.ndarray:
-        """The centered unit vectors of rows ``start .. start + len(vectors)``."""
-        g = self.groups[start:start + len(vectors)]
-        out = np.array(vectors, dtype=np.float32, copy=True)
-        for name in dict.fromkeys(g.tolist()):
-            out[g == name] -= self.centroids[name]
-        norm = np.linalg.norm(out, axis=1)
-        flat = norm < CENTERED_MIN_NORM
-        out[flat] = vectors[flat]
-        return _unit(out)
+    def apply(self, vectors: np.ndarray, start: int = 0, out: np.ndarray | None = None
+              ) -> np.ndarray:
+        """The centered unit vectors of rows ``start .. start + len(vectors)``, (rows, d)
+        float32, written to ``out`` when given (it may be ``vectors`` itself: in place)."""
+        n = len(vectors)
+        out = np.empty((n, np.shape(vectors)[1]), np.float32) if out is None else out
+        for s in range(0, n, _APPLY_ROWS):
+            v = np.asarray(vectors[s:s + _APPLY_ROWS], dtype=np.float32)
+            g = self.groups[start + s:start + s + len(v)]
+            c = np.array(v, dtype=np.float32, copy=True)
+            for name in dict.fromkeys(g.tolist()):
+                c[g == name] -= self.centroids[name]
+            flat = np.linalg.norm(c, axis=1) < CENTERED_MIN_NORM
+            c[flat] = v[flat]
+            out[s:s + len(v)] = _unit(c)
+        return out
 
     def metadata(self) -> dict:
         return {"embedding_language_geometry": "center",
@@ -329,33 +346,137 @@ class LanguageCentering:
                                               sorted(self.counts.items(), key=lambda kv: -kv[1])}}
 
 
+def _language_codes(languages) -> tuple:
+    """(the distinct languages, (rows,) int64 index of each row's among them) of ``languages``
+    (a sequence or an Arrow string array; None counts as unknown, '')."""
+    if isinstance(languages, pa.ChunkedArray):
+        languages = languages.combine_chunks()
+    if not isinstance(languages, pa.Array):
+        languages = pa.array(list(languages), pa.string())
+    if languages.type != pa.string():
+        languages = languages.cast(pa.string())
+    enc = pc.dictionary_encode(pc.fill_null(languages, ""))
+    return enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class LanguageSums:
+    """Each language's sum of the model's vectors (float64) and rows over a scope: one shard
+    (:meth:`of` its vectors; the features step writes it in the features' footer) or a corpus
+    (:meth:`total` of its shards' footers, no row read). :meth:`centering` is the scope's
+    :class:`LanguageCentering` of any of its rows: a shard's steps center by the shard's sums,
+    the corpus stage by the corpus's, so what it reads does not depend on how the corpus was
+    cut into files."""
+
+    sums: dict  # language ('' unknown) -> (d,) float64
+    counts: dict  # language -> rows
+
+    @classmethod
+    def of(cls, arrays, languages) -> "LanguageSums":
+        """The sums of ``arrays`` ((rows, d) pieces in row order, e.g.
+        :meth:`EmbedResult.arrays`) by each row's language (``languages``, e.g. the quality
+        scorer's ISO 639-1 codes; None or '' counts as unknown)."""
+        names, inv = _language_codes(languages)
+        sums, start = None, 0
+        for a in arrays:
+            a = np.asarray(a, dtype=np.float64)
+            if sums is None:
+                sums = np.zeros((len(names), a.shape[1]), np.float64)
+            g = inv[start:start + len(a)]
+            order = np.argsort(g, kind="stable")
+            at = np.flatnonzero(np.r_[True, np.diff(g[order]) != 0]) if g.size else g
+            if g.size:
+                sums[g[order][at]] += np.add.reduceat(a[order], at, axis=0)
+            start += len(a)
+        if start != inv.size:
+            raise ValueError(f"{start} vectors for {inv.size} languages")
+        counts = np.bincount(inv, minlength=len(names))
+        return cls({k: sums[i] for i, k in enumerate(names)},
+                   {k: int(counts[i]) for i, k in enumerate(names)})
+
+    @classmethod
+    def total(cls, parts) -> "LanguageSums | None":
+        """The sums over ``parts`` (LanguageSums, None skipped); None when there is none."""
+        sums: dict = {}
+        counts: dict = {}
+        dim = None
+        for p in parts:
+            if p is None:
+                continue
+            if dim is not None and p.dim != dim:
+                raise ValueError(f"language sums of {p.dim}-d and {dim}-d vectors")
+            dim = p.dim
+            for k, v in p.sums.items():
+                sums[k] = sums[k] + v if k in sums else np.array(v, np.float64)
+                counts[k] = counts.get(k, 0) + p.counts[k]
+        return None if dim is None else cls(sums, counts)
+
+    @property
+    def dim(self) -> int:
+        return int(next(iter(self.sums.values())).shape[0])
+
+    @property
+    def rows(self) -> int:
+        return int(sum(self.counts.values()))
+
+    def centering(self, languages, min_rows: int = LANGUAGE_MIN_ROWS) -> LanguageCentering:
+        """The centering of rows of this scope whose languages are ``languages``: a language
+        with at least ``min_rows`` rows in the scope is its own group; the others are pooled
+        into one group centered by its own mean when it has ``min_rows`` rows, else by the
+        whole scope's mean."""
+        common = {k for k, c in self.counts.items() if c >= min_rows and k}
+        rare = [k for k in self.counts if k not in common]
+        cents = {k: (self.sums[k] / self.counts[k]).astype(np.float32) for k in common}
+        counts = {k: self.counts[k] for k in common}
+        n_rare = sum(self.counts[k] for k in rare)
+        pool = rare if n_rare >= min_rows else list(self.counts)
+        n_pool = sum(self.counts[k] for k in pool)
+        cents[RARE] = (sum(self.sums[k] for k in pool) / max(n_pool, 1)).astype(np.float32)
+        if n_rare:
+            counts[RARE] = n_rare
+        names, inv = _language_codes(languages)
+        group = np.array([v if v in common else RARE for v in names], dtype=object)
+        return LanguageCentering(group[inv], cents, counts)
+
+    def footer(self) -> dict:
+        """The features' footer keys: the geometry (``center``) and these sums (JSON: rows and
+        the float64 sum, little-endian and base64, per language)."""
+        body = {k: {"rows": self.counts[k],
+                    "sum": base64.b64encode(np.asarray(self.sums[k], "<f8").tobytes()).decode()}
+                for k in sorted(self.sums)}
+        return {META_GEOMETRY: b"center",
+                META_LANGUAGE_SUMS: json.dumps(body, sort_keys=True).encode()}
+
+    @classmethod
+    def from_footer(cls, metadata) -> "LanguageSums | None":
+        """The sums a features footer (parquet key-value metadata) records; None when it
+        records none (geometry ``off``, a shard not embedded here, or a features file written
+        before the sums were: its vectors are used as stored)."""
+        metadata = metadata or {}
+        if metadata.get(META_GEOMETRY) != b"center" or META_LANGUAGE_SUMS not in metadata:
+            return None
+        body = json.loads(metadata[META_LANGUAGE_SUMS])
+        return cls({k: np.frombuffer(base64.b64decode(v["sum"]), "<f8").astype(np.float64)
+                    for k, v in body.items()}, {k: int(v["rows"]) for k, v in body.items()})
+
+    def digest(self) -> str:
+        """A short hash of these sums (a corpus's vectors change with them)."""
+        return hashlib.sha256(self.footer()[META_LANGUAGE_SUMS]).hexdigest()[:16]
+
+
 def language_centering(arrays, languages, min_rows: int = LANGUAGE_MIN_ROWS) -> LanguageCentering:
-    """The :class:`LanguageCentering` of a shard from its vectors (``arrays``: (rows, d) pieces in
-    row order, e.g. :meth:`EmbedResult.arrays`) and each row's language (``languages``, e.g.
-    the quality scorer's ISO 639-1 codes; None or '' counts as unknown). A language with at
-    least ``min_rows`` rows is its own group; the others are pooled into one group centered by
-    its own mean when it has ``min_rows`` rows, else by the whole shard's mean."""
-    lang = np.array(["" if v is None else str(v) for v in languages], dtype=object)
-    names, counts = np.unique(lang, return_counts=True)
-    common = {str(v) for v, c in zip(names, counts) if c >= min_rows and v}
-    groups = np.array([v if v in common else RARE for v in lang.tolist()], dtype=object)
-    sums: dict = {}
-    total, start = None, 0
-    for a in arrays:
-        a = np.asarray(a, dtype=np.float64)
-        g = groups[start:start + len(a)]
-        for name in dict.fromkeys(g.tolist()):
-            s = a[g == name].sum(axis=0)
-            sums[name] = sums[name] + s if name in sums else s
-        total = a.sum(axis=0) if total is None else total + a.sum(axis=0)
-        start += len(a)
-    if start != len(groups):
-        raise ValueError(f"{start} vectors for {len(groups)} languages")
-    n = {k: int((groups == k).sum()) for k in sums}
-    cents = {k: (sums[k] / n[k]).astype(np.float32) for k in sums}
-    if RARE in n and n[RARE] < min_rows:
-        cents[RARE] = (total / start).astype(np.float32)
-    return LanguageCentering(groups, cents, n)
+    """The :class:`LanguageCentering` of rows by their own means (one shard's): the
+    :meth:`LanguageSums.centering` of :meth:`LanguageSums.of` ``arrays`` and ``languages``."""
+    if not isinstance(languages, (pa.Array, pa.ChunkedArray)):
+        languages = pa.array(["" if v is None else str(v) for v in languages], pa.string())
+    return LanguageSums.of(arrays, languages).centering(languages, min_rows)
+
+
+def read_language_sums(uri) -> "LanguageSums | None":
+    """The language sums in the footer of the features file ``uri`` (its footer only)."""
+    fs, path = storage.resolve(uri)
+    with fs.open_input_file(path) as fh:
+        return LanguageSums.from_footer(pq.ParquetFile(fh).schema_arrow.metadata)
 
 
 # ------------------------------------------------------------------ shards

@@ -355,10 +355,12 @@ def test_language_centering_takes_each_language_mean_out():
     np.testing.assert_array_equal(one.apply(x[:1], 0), x[:1])
 
 
-def test_features_center_by_language_unless_off(tmp_path, model):
-    """The features step writes language-centered vectors for a text-only shard scored by the
-    heuristic (default), the model's own with language_geometry 'off'; it says so in its
-    result, and refuses an unknown geometry before any work."""
+def test_features_keep_the_model_vectors_and_record_language_sums(tmp_path, model):
+    """The features step writes the model's vectors for a text-only shard scored by the
+    heuristic, whatever the geometry. With ``center`` (default) its footer records each
+    language's vector sum and rows over the shard, by which ``read_shard`` centers the vectors
+    (the shard's own means: what the shard's steps read); with ``off`` every reader keeps the
+    model's vectors. An unknown geometry is refused before any work."""
     from datamask_pipeline.engine.quality import load_scorer
 
     en = [f"The {w} manual page explains how the command reads its input and writes the "
@@ -370,9 +372,12 @@ def test_features_center_by_language_unless_off(tmp_path, model):
           enumerate(["erste", "zweite", "dritte", "vierte", "fünfte", "sechste", "siebte",
                      "achte", "neunte", "zehnte"])]
     texts = en + de
+    langs = ["en"] * 10 + ["de"] * 10
     raw = str(tmp_path / "raw.parquet")
     pq.write_table(pa.table({"chunk_id": list(range(len(texts))), "text": texts}), raw)
-    out = {}
+    x = model.embed(texts)
+    features = Columns(id="id", quality=("quality",), embedding="embedding")
+    read = {}
     for geometry in ("center", "off"):
         f = str(tmp_path / f"{geometry}.parquet")
         info = write_features(raw, f, Columns(), embedder=model, scorer=load_scorer(),
@@ -380,11 +385,20 @@ def test_features_center_by_language_unless_off(tmp_path, model):
                               quality_checkpoint_dir=str(tmp_path / f"q-{geometry}"),
                               language_geometry=geometry)
         t = pq.read_table(f)
-        assert t.column("language").to_pylist() == ["en"] * 10 + ["de"] * 10
-        out[geometry] = np.stack(t.column("embedding").to_numpy(zero_copy_only=False))
-        assert (info["centering"] is None) == (geometry == "off")
-    np.testing.assert_allclose(out["off"], model.embed(texts), atol=1e-6)
-    x, y = out["off"], out["center"]
+        assert t.column("language").to_pylist() == langs
+        stored = np.stack(t.column("embedding").to_numpy(zero_copy_only=False))
+        np.testing.assert_allclose(stored, x, atol=1e-6)  # the model's vectors either way
+        sums = embed.read_language_sums(f)
+        assert (sums is None) == (info["language_sums"] is None) == (geometry == "off")
+        assert t.schema.metadata[embed.META_GEOMETRY] == geometry.encode()
+        read[geometry] = read_shard(f, features).embeddings
+    assert sums is None and info["centering"] is None
+    sums = embed.read_language_sums(str(tmp_path / "center.parquet"))
+    assert sums.counts == {"en": 10, "de": 10}
+    np.testing.assert_allclose(sums.sums["de"], x[10:].astype(np.float64).sum(0), atol=1e-5)
+    np.testing.assert_array_equal(read["off"], x)
+    y = read["center"]
+    np.testing.assert_allclose(y, embed.language_centering([x], langs).apply(x), atol=1e-6)
     # in the model, English and German pages are two regions (cosine 0.94 within English,
     # 0.17 across); centered, language no longer separates them
     assert (x[:10] @ x[:10].T).mean() - (x[:10] @ x[10:].T).mean() > 0.5

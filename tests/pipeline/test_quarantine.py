@@ -102,15 +102,22 @@ def test_a_few_blank_texts_are_quarantined_and_the_rest_proceed(instance, data_r
     assert np.array_equal(feats.column("id").to_numpy(), raw_ids[feats.column(RAW_ROW).to_numpy()])
     assert np.array_equal(raw_row_numbers(data_root.features(KEY), [0, 3, 4]), kept[[0, 3, 4]])
     assert quarantined_rows(data_root.features(KEY)) == (40, N)
-    from datamask_pipeline.engine.embed import language_centering, load_embedder
+    from assets.learn import read_features
+    from datamask_pipeline.engine.embed import (language_centering, load_embedder,
+                                                read_language_sums)
 
     emb = np.stack(feats.column("embedding").to_numpy(zero_copy_only=False))
     texts = raw.column("text").to_pylist()
-    # the kept rows' vectors, less their language's mean over the kept rows (the default
-    # embedding_language_geometry, center)
+    # the features carry the kept rows' model vectors and, in their footer, each language's
+    # sums over the kept rows (the default embedding_language_geometry, center); the shard's
+    # steps read each vector less its language's mean over the kept rows
     x = load_embedder().embed([texts[i] for i in kept])
-    lc = language_centering([x], feats.column("language").to_pylist())
-    np.testing.assert_allclose(emb[:300], lc.apply(x[:300], 0), atol=1e-6)
+    np.testing.assert_allclose(emb[:300], x[:300], atol=1e-6)
+    langs = feats.column("language").to_pylist()
+    assert read_language_sums(data_root.features(KEY)).rows == N - 40
+    lc = language_centering([x], langs)
+    shard = read_features(data_root.features(KEY), text_contract)
+    np.testing.assert_allclose(shard.embeddings[:300], lc.apply(x[:300], 0), atol=1e-6)
 
     mats = {e.asset_key.to_user_string(): e.materialization
             for e in result.get_asset_materialization_events()}
