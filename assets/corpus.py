@@ -23,7 +23,7 @@ from datamask_pipeline.engine.corpus.duplicates import (dedup_keep, dedup_local,
 from datamask_pipeline.engine.corpus.outputs import (SubsetError, last_selection,
                                                       read_selection, source_shares,
                                                       write_selection, write_subsets)
-from datamask_pipeline.engine.corpus.shards import open_shard, read_tokens
+from datamask_pipeline.engine.corpus.shards import open_shards, read_tokens
 from datamask_pipeline.engine.data import DataContractError
 from datamask_pipeline.reporting.corpus_selection_report import (dedup_md, scores_md,
                                                                  shares_md, sources_md)
@@ -43,7 +43,8 @@ CODE_VERSION = "corpus-1"
 
 def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) -> tuple:
     """(CorpusShard list, excluded {key: why}): every registered shard whose features exist
-    and whose latest blocking checks all passed."""
+    and whose latest blocking checks all passed, its vectors centered by the corpus's language
+    means (``open_shards``)."""
     present = set(scan_raw(data_root.raw_root).shards)
     registered = set(context.instance.get_dynamic_partitions(PARTITIONS_NAME))
     keys = sorted(registered & present)  # a shard whose raw file is gone leaves the corpus
@@ -53,19 +54,19 @@ def corpus_shards(context, data_root: DataRoot, contract: DataContract, config) 
         tokens = functools.partial(read_tokens, token_column=config.token_column,
                                    text_column=contract.text_column or None,
                                    tokenizer=config.tokenizer)
-    out, excluded = [], {}
+    excluded = {}
     for key in keys:
         failed = sorted(c for c, s in status.get(key, {}).items() if s != "SUCCEEDED")
         if failed:
             excluded[key] = f"checks not passed: {', '.join(failed)}"
-            continue
-        shard = open_shard(data_root, key, expected_dim=contract.expected_dim,
-                           quality_range=contract.quality_range, tokens=tokens)
+    opened = open_shards(data_root, [k for k in keys if k not in excluded],
+                         expected_dim=contract.expected_dim,
+                         quality_range=contract.quality_range, tokens=tokens)
+    for key, shard in opened.items():
         if shard is None:
             excluded[key] = "no features (materialize features first)"
-            continue
-        out.append(shard)
-    return out, excluded
+    return ([s for s in opened.values() if s is not None],
+            {k: excluded[k] for k in keys if k in excluded})
 
 
 @dg.asset(

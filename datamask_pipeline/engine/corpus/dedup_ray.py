@@ -3,8 +3,10 @@
 Same rules, same result (keep masks and dropped rows with their lineage), but the corpus-wide
 steps run on a Ray cluster instead of one process holding every row:
 
-* each parquet row group of every shard is a Ray task (features: id, quality, embedding;
-  raw: the text column, with the features' id and quality of the same rows);
+* each parquet row group of every shard is a Ray task (features: id, quality, embedding,
+  centered by the corpus's language means when the footers record language sums, as the
+  selection reads them, ``engine.embed.LanguageSums``; raw: the text column, with the
+  features' id and quality of the same rows);
 * boilerplate lines: every text's distinct lines, counted with ``groupby(line).count()``;
 * exact: ``groupby(16-byte blake2b digest of the normalised key).map_groups``
   (:func:`dedup.key_digests`), the best-ranked row of each equal key stays;
@@ -47,6 +49,7 @@ import pyarrow.parquet as pq
 
 from .. import storage
 from ..data import RULE_EMB_NULL, RULE_EMB_RAGGED, RULE_ID_NULL, RULE_PRESENT, RULE_Q_NULL, RULE_READABLE, RAW_ROW
+from ..embed import LANGUAGE_COLUMN, LanguageSums
 from ..errors import DataContractError
 from .dedup import (BAND_ROWS, BANDS, BOILERPLATE_MIN_DOCS, DEFAULT_CONTAINMENT,
                     DEFAULT_THRESHOLD, FUZZY_MIN_SHINGLES, KINDS, KMEANS_SAMPLE_ROWS,
@@ -139,12 +142,13 @@ def _groups(pf: pq.ParquetFile) -> list:
 
 
 def _plan(shards, cols: _Cols, texts_wanted: bool, texts_optional: bool = False):
-    """(row offsets of the shards, feature read items, text read items or None): parquet
-    footers only; every file and column is checked here, before Ray runs anything. Texts
+    """(row offsets of the shards, feature read items, text read items or None, the corpus's
+    language sums or None): parquet footers only; every file and column is checked here,
+    before Ray runs anything. Texts
     ``texts_optional`` (the semantic stage's text guard alone) are read when every shard has
     them, and left out otherwise."""
     if not shards:
-        return np.zeros(1, dtype=np.int64), [], None
+        return np.zeros(1, dtype=np.int64), [], None, None
     with_text = [s.raw is not None and s.text_column is not None for s in shards]
     if texts_optional and not texts_wanted:
         texts_wanted = all(with_text)
@@ -154,15 +158,18 @@ def _plan(shards, cols: _Cols, texts_wanted: bool, texts_optional: bool = False)
                          f"column, or none; shard(s) {missing[:10]} have none "
                          f"(e.g. {shards[missing[0]].features})")
     texts_wanted = texts_wanted and all(with_text)
-    offsets, feat_items, text_items = [0], [], [] if texts_wanted else None
+    offsets, feat_items, text_items, sums = [0], [], [] if texts_wanted else None, []
     for i, s in enumerate(shards):
         pf = _open(s.features)
         _need(pf, s.features, (cols.id, cols.quality, cols.embedding), "the features of the dedup")
+        sums.append(LanguageSums.from_footer(pf.schema_arrow.metadata))
+        if sums[-1] is not None:
+            _need(pf, s.features, (LANGUAGE_COLUMN,), "the footer records language sums")
         groups = _groups(pf)
         n = pf.metadata.num_rows
         for start, rows in groups:
             feat_items.append({"uri": str(s.features), "start": start, "rows": rows,
-                               "gid": offsets[-1] + start})
+                               "gid": offsets[-1] + start, "centered": sums[-1] is not None})
         if texts_wanted:
             rf = _open(s.raw)
             _need(rf, s.raw, (s.text_column,), "the text of exact and fuzzy deduplication")
@@ -178,7 +185,7 @@ def _plan(shards, cols: _Cols, texts_wanted: bool, texts_optional: bool = False)
                                    "features": str(s.features), "start": start, "rows": rows,
                                    "gid": offsets[-1] + start, "mapped": mapped})
         offsets.append(offsets[-1] + n)
-    return np.asarray(offsets, dtype=np.int64), feat_items, text_items
+    return np.asarray(offsets, dtype=np.int64), feat_items, text_items, LanguageSums.total(sums)
 
 
 # ------------------------------------------------------------------ row-group reads (tasks)
@@ -206,9 +213,13 @@ def _rank_cols(t: pa.Table, uri, cols: _Cols, gid0: int) -> dict:
 
 
 @_reported
-def _read_features(batch: dict, cols: _Cols, dim: int | None) -> dict:
+def _read_features(batch: dict, cols: _Cols, dim: int | None, language_sums=None) -> dict:
+    """A row group's id, quality and embedding; a shard whose footer records language sums
+    has its vectors centered by ``language_sums`` (the corpus's)."""
     (uri,), (start,), (rows,), (gid,) = batch["uri"], batch["start"], batch["rows"], batch["gid"]
-    t = _read_rows(uri, (cols.id, cols.quality, cols.embedding), int(start), int(rows))
+    centered = bool(batch["centered"][0])
+    t = _read_rows(uri, (cols.id, cols.quality, cols.embedding)
+                   + ((LANGUAGE_COLUMN,) if centered else ()), int(start), int(rows))
     out = _rank_cols(t, uri, cols, int(start))
     out["gid"] += int(gid) - int(start)
     emb = t.column(cols.embedding).combine_chunks()
@@ -224,6 +235,8 @@ def _read_features(batch: dict, cols: _Cols, dim: int | None) -> dict:
                                 rows=(bad[:10] + int(start)).tolist(),
                                 detail=f"expected length {d}, found {sorted(set(lengths[bad].tolist()))[:5]}")
     out["emb"] = pc.cast(emb.flatten(), pa.float32()).to_numpy().reshape(len(lengths), d)
+    if centered:
+        out["emb"] = language_sums.centering(t.column(LANGUAGE_COLUMN)).apply(out["emb"])
     return out
 
 
@@ -640,7 +653,7 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
     import ray.data
 
     t0 = time.perf_counter()
-    offsets, feat_items, text_items = _plan(
+    offsets, feat_items, text_items, language_sums = _plan(
         shards, cols, exact or fuzzy, texts_optional=near and near_containment > 0)
     n = int(offsets[-1])
     if not ray.is_initialized():
@@ -717,7 +730,8 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
         packed = _pack(dup_of >= 0)
         unit = (items(feat_items)
                 .map_batches(_read_features, batch_size=1, batch_format="numpy",
-                             fn_kwargs={"cols": cols, "dim": expected_dim})
+                             fn_kwargs={"cols": cols, "dim": expected_dim,
+                                        "language_sums": language_sums})
                 .map_batches(_unit_batch, batch_format="numpy", fn_kwargs={"packed": packed})
                 .materialize())
         k = max(1, int(round(alive_n / rows_per_cluster)))
@@ -757,7 +771,8 @@ def _deduplicate_ray(shards, *, exact, fuzzy, near, threshold, containment, rows
     drop = np.flatnonzero(dup_of >= 0)
     features = (items(feat_items)
                 .map_batches(_read_features, batch_size=1, batch_format="numpy",
-                             fn_kwargs={"cols": cols, "dim": expected_dim}))
+                             fn_kwargs={"cols": cols, "dim": expected_dim,
+                                        "language_sums": language_sums}))
     ev = _evidence(drop, dup_of[drop], n, keyed, features, parts)
     if near and n > 1 and keyed is not None and near_containment > 0:
         veto = [i for i in np.flatnonzero(reason == _NEAR).tolist()

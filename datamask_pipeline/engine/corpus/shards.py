@@ -1,7 +1,8 @@
 """The corpus's shards as the selection reads them: a :class:`CorpusShard` from a shard's
-features file on the data root (row count, version, a loader that pickles for Ray tasks) and,
-for token budgets, a loader of its rows' token counts from the raw file, called by the shard's
-own tasks (never by the coordinator: it would read, or tokenize, the whole corpus)."""
+features file on the data root (row count, version, a loader that pickles for Ray tasks, which
+centers the vectors by the corpus's language means: :func:`open_shards`) and, for token
+budgets, a loader of its rows' token counts from the raw file, called by the shard's own tasks
+(never by the coordinator: it would read, or tokenize, the whole corpus)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import pyarrow.parquet as pq
 from .. import storage
 from ..contract import EMBEDDING, ID, QUALITY
 from ..data import Columns, DataContractError, read_shard
+from ..embed import LanguageSums
 from ..id_column import file_columns
 
 if TYPE_CHECKING:  # select imports torch: loading the definitions must not
     from .select import CorpusShard
 
-__all__ = ["features_loader", "open_shard", "read_tokens"]
+__all__ = ["features_loader", "open_shard", "open_shards", "read_tokens"]
 
 
 # the token counts of the last few raw files this process read (tasks read a shard's counts
@@ -72,31 +74,67 @@ def _read_tokens(raw_uri: str, *, token_column, text_column, tokenizer) -> np.nd
     return count_tokens(text, tokenizer)
 
 
-def features_loader(uri: str, expected_dim=None, quality_range=None):
+def features_loader(uri: str, expected_dim=None, quality_range=None,
+                    language_sums: LanguageSums | None = None):
     """A shard's features reader that pickles (engine functions and plain values only), so
     a Ray task can read the shard where it runs; re-checked against the contract as
-    ``read_features`` does."""
+    ``read_features`` does. ``language_sums``: the sums whose language means center the
+    vectors (the corpus's; None: the shard's own, ``read_shard``)."""
     return functools.partial(read_shard, uri,
                              columns=Columns(id=ID, quality=(QUALITY,), embedding=EMBEDDING),
-                             expected_dim=expected_dim, quality_range=quality_range)
+                             expected_dim=expected_dim, quality_range=quality_range,
+                             language_sums=language_sums)
 
 
-def open_shard(layout: storage.DataLayout, key: str, *, expected_dim=None, quality_range=None,
-               tokens: Callable[[str], np.ndarray] | None = None) -> CorpusShard | None:
-    """Shard ``key`` of the corpus, read from its features file (None when there is none):
-    its rows, its version (the file's size and time) and its loader; ``tokens(raw_uri)``
-    gives its rows' token counts for a token budget (a picklable function, e.g. a
-    ``functools.partial`` of :func:`read_tokens`): the shard keeps ``tokens`` bound to its raw
-    file, unread, and its tasks call it where they run."""
+def _footer(layout: storage.DataLayout, key: str) -> tuple | None:
+    """(rows, language sums or None, the file's size and time) of shard ``key``'s features,
+    from their footer; None when there are none."""
     uri = layout.features(key)
     if not storage.exists(uri):
         return None
     fs, path = storage.resolve(uri)
     with fs.open_input_file(path) as fh:
-        n = pq.ParquetFile(fh).metadata.num_rows
-    counts = functools.partial(tokens, layout.raw_shard(key)) if tokens is not None else None
+        pf = pq.ParquetFile(fh)
+        n, sums = pf.metadata.num_rows, LanguageSums.from_footer(pf.schema_arrow.metadata)
     info = fs.get_file_info(path)
+    return int(n), sums, f"{info.size}:{info.mtime_ns}"
+
+
+def _shard(layout, key: str, footer: tuple, expected_dim, quality_range, tokens,
+           language_sums: LanguageSums | None) -> CorpusShard:
     from .select import CorpusShard
 
-    return CorpusShard(key=key, n=int(n), tokens=counts, version=f"{info.size}:{info.mtime_ns}",
-                       load=features_loader(uri, expected_dim, quality_range))
+    n, own, version = footer
+    if own is not None and language_sums is not None:
+        version += f":lang-{language_sums.digest()}"  # its vectors change with the corpus's means
+    counts = functools.partial(tokens, layout.raw_shard(key)) if tokens is not None else None
+    return CorpusShard(key=key, n=n, tokens=counts, version=version,
+                       load=features_loader(layout.features(key), expected_dim, quality_range,
+                                            language_sums if own is not None else None))
+
+
+def open_shard(layout: storage.DataLayout, key: str, *, expected_dim=None, quality_range=None,
+               tokens: Callable[[str], np.ndarray] | None = None,
+               language_sums: LanguageSums | None = None) -> CorpusShard | None:
+    """Shard ``key`` of the corpus, read from its features file (None when there is none):
+    its rows, its version (the file's size and time) and its loader; ``tokens(raw_uri)``
+    gives its rows' token counts for a token budget (a picklable function, e.g. a
+    ``functools.partial`` of :func:`read_tokens`): the shard keeps ``tokens`` bound to its raw
+    file, unread, and its tasks call it where they run. ``language_sums``: the corpus's, by
+    whose language means the loader centers the vectors (None: the shard's own)."""
+    footer = _footer(layout, key)
+    return None if footer is None else _shard(layout, key, footer, expected_dim, quality_range,
+                                              tokens, language_sums)
+
+
+def open_shards(layout: storage.DataLayout, keys, *, expected_dim=None, quality_range=None,
+                tokens: Callable[[str], np.ndarray] | None = None) -> dict:
+    """{key: :func:`open_shard`, or None without features} for the corpus of shards ``keys``,
+    each loader centering the vectors by the corpus's language means: the sum of the language
+    sums their features' footers record (``engine.embed.LanguageSums``; one footer read per
+    shard, no row), so the vectors do not depend on how the corpus was cut into files."""
+    footers = {key: _footer(layout, key) for key in keys}
+    corpus = LanguageSums.total(f[1] for f in footers.values() if f is not None)
+    return {key: None if f is None else _shard(layout, key, f, expected_dim, quality_range,
+                                               tokens, corpus)
+            for key, f in footers.items()}
