@@ -104,9 +104,12 @@ class DataContract(dg.ConfigurableResource):
         default=DEFAULT_LANGUAGE_GEOMETRY,
         description="The geometry the diversity terms see when a text-only shard is embedded "
         "and its languages are known (the heuristic quality scorer detects them): center "
-        "(default) subtracts each language's mean vector within the shard, so that an "
+        "(default) subtracts each language's mean vector where the vectors are read (the "
+        "shard's mean in the shard's steps, the whole corpus's in the corpus stage, so the "
+        "corpus's selection does not depend on how it is cut into files), so that an "
         "English-centric model's placement of the languages is not read as diversity; off: "
-        "the model's vectors as they are (upstream).",
+        "the model's vectors as they are (upstream). The features keep the model's vectors "
+        "(and, with center, each language's sums in their footer).",
     )
     quality_scorer: str = Field(
         default="heuristic",
