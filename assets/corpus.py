@@ -4,10 +4,12 @@ write each shard's selected raw rows (the work: ``engine.corpus``; the tables an
 
 ``corpus_dedup`` records the duplicates across every shard that passed its checks
 (``corpus/duplicates.parquet``); ``corpus_selection`` selects the corpus budget with
-``select_corpus`` and publishes ``corpus/selection.parquet`` (one row per selected row: shard,
-raw file, row number, id) and ``corpus/selection.json`` (the run's facts); ``corpus_subset``
-writes each shard's selected raw rows to ``selected/<key>.parquet``, rewriting only the shards
-whose selection changed, and removes the files of shards that left the corpus.
+``select_corpus``, whose per-shard tasks write each shard's selected rows
+(``corpus/selection/<version>/<key>.parquet``: shard, raw file, row number, id), and publishes
+them with ``corpus/selection.json`` (the run's facts and the manifest); ``corpus_subset``
+writes each shard's selected raw rows to ``selected/<key>.parquet`` (one task per shard, where
+the selection ran), rewriting only the shards whose selection changed, and removes the files of
+shards that left the corpus.
 """
 
 import contextlib
@@ -20,9 +22,12 @@ from datamask_pipeline.engine.config import ConfigError
 from datamask_pipeline.engine.corpus.duplicates import (dedup_keep, dedup_local, dedup_on_ray,
                                                          duplicate_sample, lineage_ids,
                                                          read_facts, write_duplicates)
-from datamask_pipeline.engine.corpus.outputs import (SubsetError, last_selection,
-                                                      read_selection, source_shares,
-                                                      write_selection, write_subsets)
+from datamask_pipeline.engine.corpus.executor import pick_engine
+from datamask_pipeline.engine.corpus.outputs import (SelectionFiles, SubsetError,
+                                                      last_selection, selection_digest,
+                                                      selection_facts,
+                                                      source_shares, write_selection,
+                                                      write_subsets)
 from datamask_pipeline.engine.corpus.shards import open_shards, read_tokens
 from datamask_pipeline.engine.data import DataContractError
 from datamask_pipeline.reporting.corpus_selection_report import (dedup_md, scores_md,
@@ -155,9 +160,11 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
                      data_root: DataRoot, contract: DataContract,
                      learner: MaskLearner, ray: RayCluster) -> dg.MaterializeResult:
     """The corpus's selection: the budget over every shard that passed its checks, one
-    objective on the whole corpus (``corpus/selection.parquet``: shard, raw file, row, id)."""
+    objective on the whole corpus (``corpus/selection/<version>/<key>.parquet``: shard, raw
+    file, row, id, written by each shard's task; ``corpus/selection.json`` names the version)."""
     from datamask_pipeline.engine.corpus import CorpusBudget, select_corpus
 
+    sink = SelectionFiles.new(data_root)  # published by write_selection, after the run
     try:
         budget = CorpusBudget.of(config.select_ratio, config.select_rows, config.select_tokens)
         cfg = config.learner_config()
@@ -174,17 +181,20 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
         ckpt = storage.join(data_root.root, "checkpoints", "corpus")
         warm = (last_selection(data_root, shards_, cfg.config_hash(), budget)
                 if config.warm_start else None)
-        with learner.session() as device, _executor(context, config, ray, shards_) as ex:
+        engine = pick_engine(config.engine, shards_, config.mode, config.gather_max_rows)
+        with learner.session() as device, \
+                _tasks_on(context, engine, ray, "corpus_selection") as ex:
             result = select_corpus(
                 shards_, cfg, budget, mode=config.mode, device=device,
                 gather_max_rows=config.gather_max_rows, blocks=config.blocks,
                 candidates=config.exchange_candidates, max_rounds=config.exchange_max_rounds,
                 block_rows=config.facility_block_rows, checkpoint_dir=ckpt, warm_start=warm,
-                executor=ex, log=context.log.info)
+                executor=ex, sink=sink, log=context.log.info)
     except (ConfigError, DataContractError, ValueError) as exc:
+        storage.remove(sink.dir, recursive=True)  # never published; the last selection stays
         raise dg.Failure(description=f"corpus_selection: {exc}", allow_retries=False) from exc
 
-    out = write_selection(data_root, result, shards_, excluded, dedup, cfg.config_hash())
+    out = write_selection(data_root, result, sink, shards_, excluded, dedup, cfg.config_hash())
     md = {
         "mode": result.mode, "route": result.route, "budget": budget.label,
         "engine": result.engine,
@@ -198,7 +208,8 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
         "scored_by": result.scored_by or "not computed",
         "shares": dg.MetadataValue.md(shares_md(result.counts, {s.key: s.n for s in shards_},
                                                 excluded)),
-        "selection": dg.MetadataValue.path(out),
+        "selection": dg.MetadataValue.path(sink.dir),
+        "selection_facts": dg.MetadataValue.path(out),
         "notes": dg.MetadataValue.md("\n".join(f"- {n}" for n in result.notes) or "-"),
         "seconds": round(result.timings.get("total_s", 0.0), 3),
         "dagster/row_count": result.k,
@@ -211,7 +222,7 @@ def corpus_selection(context: dg.AssetExecutionContext, config: CorpusConfig,
         md["bytes_exchanged"] = int(sum(r["bytes_exchanged"] for r in result.rounds))
     if result.tokens:
         md["tokens"] = dg.MetadataValue.json(result.tokens)
-    return dg.MaterializeResult(metadata=md, data_version=dg.DataVersion(storage.sha256(out)[:16]))
+    return dg.MaterializeResult(metadata=md, data_version=dg.DataVersion(selection_digest(result.files)))
 
 
 def _dedup_again(context, data_root: DataRoot, contract: DataContract, ray: RayCluster,
@@ -227,17 +238,17 @@ def _dedup_again(context, data_root: DataRoot, contract: DataContract, ray: RayC
 
 
 @contextlib.contextmanager
-def _executor(context, config, ray: RayCluster, shards_: list):
-    """The executor of the per-shard passes (``pick_engine``): Ray tasks on the ``ray``
-    resource's cluster, connected for the block, or this process."""
-    from datamask_pipeline.engine.corpus.executor import InProcess, RayTasks, pick_engine
+def _tasks_on(context, engine: str, ray: RayCluster, step: str):
+    """The executor of a step's per-shard tasks: ``ray``, Ray tasks on the ``ray`` resource's
+    cluster, connected for the block; ``local``, this process."""
+    from datamask_pipeline.engine.corpus.executor import InProcess, RayTasks
 
-    if pick_engine(config.engine, shards_, config.mode, config.gather_max_rows) == "local":
+    if engine == "local":
         yield InProcess()
         return
     with ray.session(context):
         ex = RayTasks()
-        context.log.info(f"corpus_selection: per-shard passes on {ex.name}")
+        context.log.info(f"{step}: per-shard passes on {ex.name}")
         yield ex
 
 
@@ -252,35 +263,39 @@ def _executor(context, config, ray: RayCluster, shards_: list):
 )
 @retry_transient_io
 def corpus_subset(context: dg.AssetExecutionContext, data_root: DataRoot,
-                  contract: DataContract) -> dg.MaterializeResult:
-    """Each shard's selected raw rows, every column unchanged (``selected/<key>.parquet``).
-    Only shards whose selection or raw file changed are rewritten; files of shards that left
-    the corpus are removed."""
+                  contract: DataContract, ray: RayCluster) -> dg.MaterializeResult:
+    """Each shard's selected raw rows, every column unchanged (``selected/<key>.parquet``),
+    one task per shard where the selection ran (Ray tasks when it ran on Ray). Only shards
+    whose selection or raw file changed are rewritten; files of shards that left the corpus
+    are removed."""
     from datamask_pipeline.engine.corpus import CorpusBudget
     from datamask_pipeline.reporting.corpus_selection_report import render_page
 
-    selection = read_selection(data_root)
-    if selection is None:
-        raise dg.Failure(description=f"corpus_subset: {data_root.corpus_file('selection.parquet')}"
+    summary = selection_facts(data_root)
+    if summary is None:
+        raise dg.Failure(description=f"corpus_subset: {data_root.corpus_file('selection.json')}"
                                      " missing: materialize corpus_selection first",
                          allow_retries=False)
-    table, summary = selection
     try:
-        done = write_subsets(data_root, table, sorted(summary["sizes"]), contract.id_column,
-                             log=context.log.info)
+        # where the selection ran (its facts name the executor)
+        engine = "ray" if str(summary.get("engine", "")).startswith("Ray") else "local"
+        with _tasks_on(context, engine, ray, "corpus_subset") as ex:
+            done = write_subsets(data_root, contract.id_column, ex, log=context.log.info)
+            sources = source_shares(data_root, done.keys, executor=ex)
     except SubsetError as exc:
         raise dg.Failure(description=f"corpus_subset: {exc}", allow_retries=False) from exc
-    sources = source_shares(data_root, done.keys)
     report = data_root.corpus_file("report.html")
     budget = CorpusBudget(summary["budget"]["kind"], summary["budget"]["value"]).label
     pairs = duplicate_sample(data_root, contract.text_column, set(done.keys))
     storage.atomic_write_bytes(report, render_page(summary, budget, sources, pairs).encode())
+    selected = int(summary["selected_rows"])
     return dg.MaterializeResult(metadata={
         "report": dg.MetadataValue.path(report),
         "shards": len(done.keys), "rewritten_shards": dg.MetadataValue.json(done.rewritten),
         "removed_shards": dg.MetadataValue.json(done.removed), "rows_written": done.rows_written,
-        "rows_selected": int(table.num_rows),
+        "rows_selected": selected,
         "source_shares": dg.MetadataValue.md(sources_md(sources)) if sources else "no source column",
         "selected_root": dg.MetadataValue.path(data_root.corpus_selected_root),
-        "dagster/row_count": int(table.num_rows),
+        "dagster/row_count": selected,
     })
+

@@ -498,23 +498,24 @@ def _corpus(args, defs, instance, keys, quiet, root, home) -> int:
 CORPUS_OUTPUTS = (
     ("corpus_subset", "selected_root", "selected rows", "one <shard>.parquet per shard"),
     ("corpus_subset", "report", "corpus report", ""),
-    ("corpus_selection", "selection", "lineage", "shard, raw file, row, id of every selected row"),
+    ("corpus_selection", "selection", "lineage",
+     "shard, raw file, row, id of every selected row: one <shard>.parquet per shard"),
     ("corpus_dedup", "duplicates", "duplicates", "the rows deduplication dropped"),
 )
 
 
 def corpus_outputs(result) -> list:
     """``[(label, path, what)]``: every file the corpus job wrote, where the run's own
-    materializations say it is (the selected rows' folder, ``corpus/report.html``,
-    ``corpus/selection.parquet``, ``corpus/duplicates.parquet``)."""
+    materializations say it is (the selected rows' folder, ``corpus/report.html``, the
+    selection's folder ``corpus/selection/<version>``, ``corpus/duplicates.parquet``)."""
     out = []
     for asset, key, label, what in CORPUS_OUTPUTS:
         for mat in result.asset_materializations_for_node(asset):
             value = mat.metadata.get(key)
             if value is not None:
                 path = str(value.value)
-                out.append((label, f"{path}/<shard>.parquet" if key == "selected_root" else path,
-                            what))
+                per_shard = key in ("selected_root", "selection")
+                out.append((label, f"{path}/<shard>.parquet" if per_shard else path, what))
     return out
 
 

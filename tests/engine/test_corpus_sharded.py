@@ -3,20 +3,25 @@
 shard read in a worker and never in the coordinator; the coordinator's state (quality top-k
 threshold, statistics) reproduces what the whole corpus's arrays give."""
 
+import dataclasses
 import functools
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from bench.corpus import make_cuts
 from datamask_pipeline.engine.config import LearnerConfig
 from datamask_pipeline.engine.corpus import CorpusBudget, CorpusShard, select_corpus
+from datamask_pipeline.engine import storage
 from datamask_pipeline.engine.corpus.executor import InProcess, RayTasks, executor_for
+from datamask_pipeline.engine.corpus.outputs import SelectionFiles
 from datamask_pipeline.engine.corpus.stats import stats_for
 from datamask_pipeline.engine.data import read_shard, table_to_shard
 from datamask_pipeline.engine.sample import make_table
+from datamask_pipeline.engine.storage import DataLayout
 
 ray = pytest.importorskip("ray", reason="the ray extra is part of the test extra")
 
@@ -85,6 +90,49 @@ def test_ray_tasks_select_what_one_process_selects_and_the_coordinator_reads_no_
     assert pids and str(os.getpid()) not in pids
     assert {name.split("-", 1)[1] for name in os.listdir(ray_log)} == \
         {os.path.basename(u) for u in uris}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggedFiles(SelectionFiles):
+    """The product's sink; each write leaves the writing process's pid."""
+
+    log_dir: str = ""
+
+    def write(self, key, rows):
+        with open(os.path.join(self.log_dir, f"{os.getpid()}-{key}"), "a") as fh:
+            fh.write("1\n")
+        return super().write(key, rows)
+
+
+@pytest.mark.parametrize("term,mode", [("DiSF", "exchange"), ("Facility", "per_shard")])
+def test_the_selected_rows_are_written_by_the_shards_tasks_and_never_reach_the_coordinator(
+        tmp_path, ray_two_cpus, term, mode):
+    """Item 2 of issue 24: past one selection, each shard's last task writes its selected rows
+    (corpus/selection/<version>/<key>.parquet); the coordinator gets their counts only."""
+    uris = _files(tmp_path)
+    layout = DataLayout(str(tmp_path / "data"))
+    storage.makedirs(str(tmp_path / "data" / "features"))
+    for i, u in enumerate(uris):  # the features' id column: what the sink reads
+        pq.write_table(pa.table({"id": read_shard(u).ids}), layout.features(f"f{i:02d}"))
+    cfg = LearnerConfig.profile("pipeline", algorithm=term, lamb=0.7)
+    budget = CorpusBudget.of(select_rows=180)
+    here = select_corpus(_shards(uris, tmp_path), cfg, budget, mode=mode, gather_max_rows=0)
+    writes = tmp_path / "writes"
+    writes.mkdir()
+    base = SelectionFiles.new(layout)
+    sink = LoggedFiles(base.root, base.raw, base.version, log_dir=str(writes))
+    there = select_corpus(_shards(uris, tmp_path), cfg, budget, mode=mode, gather_max_rows=0,
+                          executor=RayTasks(), sink=sink)
+    assert there.selected is None and there.counts == here.counts and there.k == 180
+    for key, rows in here.selected.items():
+        t = storage.read_table(sink.uri(key))
+        assert t.column("row").to_pylist() == rows.tolist(), key
+        ids = read_shard(uris[int(key[1:])]).ids[rows]
+        assert t.column("id").to_pylist() == [str(i) for i in ids]
+        assert there.files[key]["rows"] == rows.size
+    pids = {name.split("-", 1)[0] for name in os.listdir(writes)}
+    assert pids and str(os.getpid()) not in pids
+    assert sorted(name.split("-", 1)[1] for name in os.listdir(writes)) == sorted(here.selected)
 
 
 def test_the_quality_topk_threshold_is_the_whole_corpus_topk(tmp_path):

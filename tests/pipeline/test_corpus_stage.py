@@ -15,6 +15,7 @@ import pytest
 
 from assets.corpus import CorpusConfig, corpus_dedup, corpus_selection, corpus_subset
 from assets.partitions import register_shards
+from datamask_pipeline.engine.corpus.outputs import read_selection
 
 from .helpers import ALL_ASSETS, KEYS, ROWS
 
@@ -76,7 +77,7 @@ def test_corpus_stage_end_to_end(prepared, instance, resources):
     assert BAD in meta["excluded_shards"].value and "checks not passed" in meta["excluded_shards"].value[BAD]
     assert "Pair_simi" in meta["whole_corpus_scores"].value and "corpus gather" in meta["whole_corpus_scores"].value
 
-    sel = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    sel = read_selection(data_root)[0]
     assert sel.num_rows == 100 and BAD not in set(sel.column("partition_key").to_pylist())
     pairs = list(zip(sel.column("partition_key").to_pylist(), sel.column("row").to_pylist()))
     assert len(set(pairs)) == 100
@@ -128,7 +129,7 @@ def test_corpus_stage_end_to_end(prepared, instance, resources):
     # a shard removed from the raw location: its rows leave the selection, the budget holds
     os.remove(data_root.raw_shard(KEYS[2]))
     third = _corpus(instance, resources, select_rows=100)
-    sel3 = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    sel3 = read_selection(data_root)[0]
     assert sel3.num_rows == 100 and set(sel3.column("partition_key").to_pylist()) <= set(KEYS[:2])
     assert not os.path.exists(data_root.corpus_selected(KEYS[2]))
     assert _meta(third, "corpus_subset")["removed_shards"].value == [KEYS[2]]
@@ -139,14 +140,18 @@ def test_impossible_budget_fails_readably_and_keeps_the_last_selection(prepared,
                                                                          resources):
     data_root = prepared
     _corpus(instance, resources, select_ratio=0.1)
-    path = os.path.join(data_root.corpus_dir(), "selection.parquet")
-    before = open(path, "rb").read()
+    facts = os.path.join(data_root.corpus_dir(), "selection.json")
+    before, table = open(facts, "rb").read(), read_selection(data_root)[0]
+    versions = os.listdir(data_root.corpus_selection_dir())
+    assert len(versions) == 1 and table.num_rows > 0
     r = _corpus(instance, resources, raise_on_error=False, select_rows=3 * ROWS + 1)
     assert not r.success
     failure = [e for e in r.all_events if e.is_step_failure][0]
     msg = failure.step_failure_data.error.message
     assert "corpus_selection" in msg and "nothing to choose" in msg
-    assert open(path, "rb").read() == before
+    # the published selection is as it was, and the failed run left no version behind
+    assert open(facts, "rb").read() == before and read_selection(data_root)[0].equals(table)
+    assert os.listdir(data_root.corpus_selection_dir()) == versions
 
 
 def test_token_budget_through_the_asset(prepared, instance, resources):
@@ -184,7 +189,7 @@ def test_duplicates_across_shards_are_dropped_with_lineage_and_a_new_shard_of_co
     assert dmeta["enabled"].value is True and dmeta["threshold"].value == 0.99
     dups = pq.read_table(os.path.join(data_root.corpus_dir(), "duplicates.parquet"))
     assert dmeta["dropped"].value == dups.num_rows > 0  # the sample's boilerplate rows
-    sel = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    sel = read_selection(data_root)[0]
     dropped = set(zip(dups.column("partition_key").to_pylist(), dups.column("row").to_pylist()))
     chosen = set(zip(sel.column("partition_key").to_pylist(), sel.column("row").to_pylist()))
     assert not dropped & chosen and len(chosen) == 60
@@ -205,7 +210,7 @@ def test_duplicates_across_shards_are_dropped_with_lineage_and_a_new_shard_of_co
     copies = {r: (k, o) for p, r, k, o in zip(*(dups.column(c).to_pylist() for c in (
         "partition_key", "row", "dup_of_partition_key", "dup_of_row"))) if p == "shard_copy"}
     assert copies == {i: (KEYS[0], picked[i]) for i in range(10)}
-    sel = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    sel = read_selection(data_root)[0]
     chosen2 = set(zip(sel.column("partition_key").to_pylist(), sel.column("row").to_pylist()))
     assert not any(k == "shard_copy" for k, _ in chosen2)
     assert {(KEYS[0], r) for r in picked} <= chosen2
@@ -301,7 +306,7 @@ def test_a_missing_token_column_fails_readably_and_writes_nothing(prepared, inst
     assert not r.success
     msg = [e for e in r.all_events if e.is_step_failure][0].step_failure_data.error.message
     assert "column 'n_tokens'" in msg and "rule 'column present'" in msg and "shard_000" in msg
-    assert not os.path.exists(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    assert read_selection(data_root) is None
 
 
 def test_removing_the_keepers_shard_frees_its_duplicates(instance, corpus, data_root, resources):

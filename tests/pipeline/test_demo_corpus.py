@@ -1,6 +1,7 @@
 """The README's main job as a user runs it: ``python -m datamask_pipeline.demo`` pointed at a
 data root that already holds parquet files selects for the corpus by default."""
 
+import json
 import os
 import re
 import subprocess
@@ -31,14 +32,18 @@ def test_demo_selects_for_the_corpus_of_a_data_root_with_parquet_files(tmp_path)
     assert r.stdout.startswith(f"data: the 3 parquet file(s) in {root} (--data-root {root})")
     assert "SAMPLE" not in r.stdout and "generated" not in r.stdout
     # the closing lines name every output where it is (issue 26, point 8)
+    version = json.loads((root / "corpus" / "selection.json").read_text())["files"]["version"]
+    sel_dir = root / "corpus" / "selection" / version
+    assert sorted(os.listdir(root / "corpus" / "selection")) == [version]
     outputs = r.stdout[r.stdout.index("\nOutputs:\n"):].splitlines()[2:6]
     assert [ln.split()[0:2] for ln in outputs] == [
-        ["selected", "rows"], ["corpus", "report"], ["lineage", str(root / "corpus" / "selection.parquet")],
+        ["selected", "rows"], ["corpus", "report"], ["lineage", f"{sel_dir}/<shard>.parquet"],
         ["duplicates", str(root / "corpus" / "duplicates.parquet")]], outputs
     assert f"selected rows  {root / 'selected'}/<shard>.parquet" in outputs[0]
     assert outputs[1].split()[2] == str(root / "corpus" / "report.html")
     for ln in outputs[1:]:
-        assert os.path.isfile(ln.split()[2 if ln.split()[0] == "corpus" else 1]), ln
+        path = ln.split()[2 if ln.split()[0] == "corpus" else 1].replace("<shard>", "shard_000")
+        assert os.path.isfile(path), ln
     files = sorted(os.listdir(root / "selected"))
     assert files == [f"shard_00{i}.parquet" for i in range(3)]
     ids = [i for f in files for i in pq.read_table(root / "selected" / f).column("chunk_id").to_pylist()]
@@ -54,9 +59,10 @@ def test_demo_selects_for_the_corpus_of_a_data_root_with_parquet_files(tmp_path)
     rows = [ln.split(" | ")[0] for ln in section.splitlines() if ln.startswith("| `")
             and "per-shard chain" not in ln and "corpus_summary" not in ln]
     named = [p for cell in rows for p in re.findall(r"`([^`]+)`", cell)]
-    assert {"selected/<shard>.parquet", "corpus/selection.parquet", "corpus/report.html"} <= set(named)
+    assert {"selected/<shard>.parquet", "corpus/selection/<version>/<shard>.parquet",
+            "corpus/selection.json", "corpus/report.html"} <= set(named)
     for p in named:
-        assert (root / p.replace("<shard>", "shard_000")).is_file(), p
+        assert (root / p.replace("<shard>", "shard_000").replace("<version>", version)).is_file(), p
 
     # the re-selection command of docs/corpus.md, on the same instance and data root
     readme = page("corpus.md")

@@ -338,7 +338,9 @@ def test_the_corpus_maps_selected_rows_back_to_their_raw_rows(instance, data_roo
     for d in exact:
         assert text_of[int(d["id"])] == text_of[int(d["dup_of_id"])]
 
-    sel = pq.read_table(os.path.join(data_root.corpus_dir(), "selection.parquet"))
+    from datamask_pipeline.engine.corpus.outputs import read_selection
+
+    sel = read_selection(data_root)[0]
     out = pq.read_table(data_root.corpus_selected(KEY))
     assert out.num_rows == sel.num_rows == 100
     assert sorted(out.column("chunk_id").to_pylist()) == sorted(

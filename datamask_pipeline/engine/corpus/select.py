@@ -147,7 +147,9 @@ def _load_kept(load, keep):
 @dataclass
 class CorpusSelection:
     """What :func:`select_corpus` returns. ``selected[key]`` are the selected row numbers of
-    that shard (sorted); ``scores`` the whole corpus's f, f_qua, f_div of the selection, quality
+    that shard (sorted): None when a ``sink`` wrote them from the shards' own tasks, which
+    never sent them here; ``files[key]``: what the sink returned for that shard (its count and
+    digest), None without a sink. ``scores`` the whole corpus's f, f_qua, f_div of the selection, quality
     top-k and random (``scored_by`` says how; None when they could not be computed)."""
 
     mode: str
@@ -157,7 +159,7 @@ class CorpusSelection:
     lamb: float
     n: int
     k: int
-    selected: dict
+    selected: dict | None
     route: str
     scores: dict | None
     scored_by: str | None
@@ -169,9 +171,12 @@ class CorpusSelection:
     shard_routes: dict = field(default_factory=dict)
     n_input: int | None = None  # rows before deduplication (n: the rows that may be selected)
     engine: str = "in-process"  # where the per-shard passes ran (the executor's name)
+    files: dict | None = None  # {key: what the sink returned}: the rows written by the sink
 
     @property
     def counts(self) -> dict:
+        if self.selected is None:
+            return {key: int(v["rows"]) for key, v in self.files.items()}
         return {key: int(v.size) for key, v in self.selected.items()}
 
     def summary(self) -> dict:
@@ -267,6 +272,7 @@ def select_corpus(
     warm_start: dict | None = None,
     executor=None,
     block_rows: int | None = None,
+    sink=None,
     log: Callable = lambda msg: None,
 ) -> CorpusSelection:
     """Select ``budget`` of the corpus made of ``shards`` (:class:`CorpusShard`) for ``cfg``'s
@@ -285,7 +291,15 @@ def select_corpus(
     Rows outside a shard's ``keep`` mask (duplicates) are never selected; a fraction budget is
     of the input rows (``budget_of_input``, default) or of the kept rows.
 
-    ``warm_start`` ({shard key: selected rows}, e.g. the last selection of the shards that did
+    ``sink``: where each shard's selected rows go (an object whose picklable ``write(key,
+    rows)`` writes a shard's rows, its own numbering, and returns a small summary with their
+    count under ``"rows"``, e.g. ``outputs.SelectionFiles``). The per_shard and exchange routes
+    call it in each shard's last task, so the selected rows never reach the coordinator
+    (``selected`` is None); the routes that hold the rows here hand them to one task per
+    shard. ``files`` holds what it returned.
+
+    ``warm_start`` ({shard key: selected rows, or the uri of a parquet file with a ``row``
+    column, read in the shard's task}, e.g. the last selection of the shards that did
     not change) starts ``exchange`` there instead of selecting every shard again: the start is
     made k rows by the linearised gains (new shards' rows enter, removed ones' leave), then the
     rounds run. Other modes ignore it."""
@@ -359,19 +373,32 @@ def select_corpus(
     else:
         res = _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n,
                               fits, why, ex, candidates, max_rounds, time_budget_s, on_round,
-                              workdir, checkpoint_dir, warm_start, timings, log, tok_summary)
+                              workdir, checkpoint_dir, warm_start, timings, log, tok_summary,
+                              sink)
     selected, route, scores, scored_by, rounds, converged, shard_routes, tokens_info, extra = res
     notes += extra
     if scored_by is not None and n != n_input:
         scored_by += f", the {n:,} rows left after deduplication"
+    files = None
+    if sink is not None and selected is not None and \
+            all(isinstance(v, np.ndarray) for v in selected.values()):
+        from .sharded import task_write
+
+        t_w = time.perf_counter()
+        files = dict(zip(keys, ex.map(task_write, [(s.key, selected[s.key]) for s in shards],
+                                      shared=sink)))
+        timings["write_s"] = time.perf_counter() - t_w
+    elif sink is not None:  # written by the shards' own tasks
+        files, selected = selected, None
     timings["total_s"] = time.perf_counter() - t_start
-    k_out = int(sum(int(v.size) for v in selected.values()))
-    return CorpusSelection(
+    result = CorpusSelection(
         mode=chosen, requested_mode=mode, budget=budget, term=term_name, lamb=cfg.lamb, n=n,
-        k=k_out, selected=selected, route=route, scores=scores, scored_by=scored_by,
+        k=0, selected=selected, route=route, scores=scores, scored_by=scored_by,
         rounds=rounds, converged=converged, timings=timings, tokens=tokens_info, notes=notes,
-        shard_routes=shard_routes, n_input=n_input,
+        shard_routes=shard_routes, n_input=n_input, files=files,
         engine="in-process" if chosen in ("gather", "random_blocks") else ex.name)
+    result.k = int(sum(result.counts.values()))
+    return result
 
 
 def _tokens_info(target, selected_tokens, tokens_total, largest):
@@ -480,8 +507,10 @@ def _token_note(info: dict) -> str:
 
 def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, fits, why, ex,
                     candidates, max_rounds, time_budget_s, on_round, workdir, checkpoint_dir,
-                    warm_start, timings, log, tok_summary=None):
-    """per_shard and exchange: one task per shard for every pass (:mod:`engine.corpus.sharded`)."""
+                    warm_start, timings, log, tok_summary=None, sink=None):
+    """per_shard and exchange: one task per shard for every pass (:mod:`engine.corpus.sharded`).
+    With a ``sink`` and a corpus past one selection, each shard's last task writes its rows
+    and ``selected`` is what the sinks returned."""
     import tempfile
 
     from .checkpoint import RunState
@@ -505,7 +534,8 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
         t0 = time.perf_counter()
         warm = None
         if chosen == "exchange" and warm_start is not None:
-            warm = {s.key: s.kept_rows(warm_start.get(s.key, [])) for s in shards}
+            # rows or a file, mapped to the kept rows by the shard's own task
+            warm = {s.key: warm_start.get(s.key, np.zeros(0, dtype=np.int64)) for s in shards}
         run.start(warm)
         rounds, converged = [], None
         if warm is not None:
@@ -557,13 +587,13 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
             scores, scored_by = _score_whole(shards, sets, cfg, dev), WHOLE
             selected = {s.key: s.own_rows(r) for s, r in zip(shards, selected_kept)}
         elif cfg.term_label in HAS_STATS:
-            scores, selected = run.score(cfg.seed)
+            scores, selected = run.score(cfg.seed, sink)
             if filled is not None:
                 scores["quality_topk_tokens"] = filled["score"]
             scored_by = "sufficient statistics (exact f of the selected rows)"
         else:
             scores, scored_by = None, None
-            selected = run.selected_rows()
+            selected = run.selected_rows(sink)
             notes.append(f"whole-corpus f not computed: {cfg.term_label} needs every row at "
                          f"once and the corpus does not fit ({why})")
         timings["score_s"] = time.perf_counter() - t1

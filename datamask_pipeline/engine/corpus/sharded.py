@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import storage
 from .budget import allocate
 from .checkpoint import RunState
 from .parts import _select_part
@@ -104,7 +105,8 @@ def task_head(_, shard):
 
 def task_start(ctx: RunContext, i: int, shard, k: int, warm):
     """The shard's start selection (its own k rows by the shard solver, the rows of an earlier
-    attempt's state, or ``warm`` rows), saved as version 0, with its statistics and the
+    attempt's state, or ``warm``: rows in the shard's own numbering, or the uri of its file
+    of the last selection), saved as version 0, with its statistics and the
     range of its quality."""
     from ..device import resolve_device
 
@@ -114,7 +116,9 @@ def task_start(ctx: RunContext, i: int, shard, k: int, warm):
         rows, route = done
         how = "resumed"
     elif warm is not None:
-        rows = np.unique(np.asarray(warm, dtype=np.int64))
+        if isinstance(warm, str):  # the last selection's file of this shard (own numbering)
+            warm = storage.read_table(warm, ["row"]).column("row").to_numpy()
+        rows = np.unique(shard.kept_rows(warm))
         rows, route, how = rows[(rows >= 0) & (rows < part.n)], "warm start", "warm"
     else:
         rows, route = _select_part(part, int(k), ctx.cfg, resolve_device(ctx.device),
@@ -228,8 +232,9 @@ def task_bin_values(shared, shard):
 def task_score(shared, i: int, shard, version: int, take_eq: int, n_random: int):
     """The statistics of the shard's part of three selections (the run's, the corpus's
     quality top-k: rows above ``t`` and the first ``take_eq`` rows at ``t``, and ``n_random``
-    random rows), and the run's selected rows in the shard's own numbering."""
-    ctx, t, seed = shared
+    random rows), and the run's selected rows in the shard's own numbering (or, with a
+    ``sink``, what the sink returns after writing them)."""
+    ctx, t, seed, sink = shared
     st = ctx.stats()
     rows, _ = ctx.state.load_rows(i, version)
     part = _load(shard)
@@ -239,9 +244,24 @@ def task_score(shared, i: int, shard, version: int, take_eq: int, n_random: int)
     rnd = np.sort(rng.choice(part.n, size=n_random, replace=False)) if n_random else \
         np.zeros(0, dtype=np.int64)
     x = part.embeddings
+    own = shard.own_rows(rows)
     return ({"selection": _np(statistics_of(st, x, q, rows)),
              "quality_topk": _np(statistics_of(st, x, q, top)),
-             "random": _np(statistics_of(st, x, q, rnd))}, shard.own_rows(rows))
+             "random": _np(statistics_of(st, x, q, rnd))},
+            own if sink is None else sink.write(shard.key, own))
+
+
+def task_publish(shared, i: int, shard, version: int):
+    """The shard's selected rows written by ``sink`` (its own numbering); returns what the
+    sink returns (the count and digest)."""
+    ctx, sink = shared
+    rows, _ = ctx.state.load_rows(i, version)
+    return sink.write(shard.key, shard.own_rows(rows))
+
+
+def task_write(sink, key: str, rows):
+    """Rows the coordinator holds (a route that gathered them) written by ``sink``."""
+    return sink.write(key, rows)
 
 
 def topk_threshold(ex, shards: list, k: int, q_range: tuple) -> tuple[float, list]:
@@ -327,7 +347,7 @@ class ShardedRun:
     def _recount(self) -> dict:
         res = self.ex.map(task_score, [(i, s, self.versions[i], 0, 0)
                                        for i, s in enumerate(self.shards)],
-                          shared=(self.ctx, np.inf, 0))
+                          shared=(self.ctx, np.inf, 0, None))
         return _sum_parts(self.st, [r[0]["selection"] for r in res])
 
     def _apply(self, moves: dict) -> None:
@@ -574,21 +594,29 @@ class ShardedRun:
         """The corpus's quality top-k threshold (:func:`topk_threshold`)."""
         return topk_threshold(self.ex, self.shards, self.k, self.q_range)
 
-    def score(self, seed: int) -> tuple[dict, dict]:
+    def score(self, seed: int, sink=None) -> tuple[dict, dict]:
         """Whole-corpus f of the selection, quality top-k and random from their statistics,
-        and each shard's selected rows in its own numbering."""
+        and each shard's selected rows in its own numbering (with a ``sink``: written by the
+        shard's task, and what the sink returned)."""
         t, takes = self.topk_threshold()
         sizes = np.array([s.n for s in self.shards], dtype=np.int64)
         n_random = np.random.default_rng(seed).multivariate_hypergeometric(sizes, self.k)
         res = self.ex.map(task_score, [(i, s, self.versions[i], takes[i], int(n_random[i]))
                                        for i, s in enumerate(self.shards)],
-                          shared=(self.ctx, t, seed))
+                          shared=(self.ctx, t, seed, sink))
         scores = {}
         for name in ("selection", "quality_topk", "random"):
             scores[name] = self.st.f(_sum_parts(self.st, [r[0][name] for r in res]), self.k)
         return scores, {s.key: r[1] for s, r in zip(self.shards, res)}
 
-    def selected_rows(self) -> dict:
+    def selected_rows(self, sink=None) -> dict:
+        """Each shard's selected rows in its own numbering (with a ``sink``: written by the
+        shard's task, and what the sink returned)."""
+        if sink is not None:
+            got = self.ex.map(task_publish, [(i, s, self.versions[i])
+                                             for i, s in enumerate(self.shards)],
+                              shared=(self.ctx, sink))
+            return {s.key: g for s, g in zip(self.shards, got)}
         rows = self.ex.map(task_rows, [(i, self.versions[i]) for i in range(len(self.shards))],
                            shared=self.ctx)
         return {s.key: s.own_rows(r) for s, r in zip(self.shards, rows)}

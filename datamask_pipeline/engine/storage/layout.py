@@ -5,7 +5,10 @@ Under the data root (a local path or a URI such as ``s3://bucket/datamask``)::
     raw/<key>.parquet              raw shards (another location via ``raw``)
     features/<key>.parquet         canonical id / quality / embedding (ingestion)
     masks/<key>.parquet            per-sample id / logit / rank / selected (mask learning)
-    corpus/selection.parquet       the corpus selection: every selected row's shard, raw file, row, id
+    corpus/selection.json          the corpus selection's facts and manifest (the files below)
+    corpus/selection/<v>/<key>.parquet  the selection's rows of each shard (shard, raw file,
+                                   row, id), written by the shard's own task; <v> is the
+                                   version that selection.json names
     selected/<key>.parquet         the corpus selection's raw rows of each shard, every raw column
     selected_per_shard/<key>.parquet  the per-shard chain's subset (selected_subset)
     reports/<key>/                 the shard report (HTML + PNG + metrics JSON)
@@ -77,10 +80,22 @@ class DataLayout:
         return self._child("selected")
 
     def corpus_dir(self) -> str:
-        """The corpus stage's state: ``corpus/selection.parquet`` (every selected row: shard,
-        raw file, row, id), ``corpus/selection.json``, ``corpus/subsets.json``,
+        """The corpus stage's state: ``corpus/selection.json`` (the facts and the manifest of
+        ``corpus/selection/<version>/<key>.parquet``, each shard's selected rows: shard, raw
+        file, row, id), ``corpus/subsets.json``,
         ``corpus/duplicates.parquet``, ``corpus/dedup.json``, the report."""
         return self._child("corpus")
+
+    def corpus_selection_dir(self, version: str | None = None) -> str:
+        """``corpus/selection`` (every version's folder), or one version's folder."""
+        base = self._child("corpus", "selection")
+        return base if version is None else safe_child(base, self._key(version),
+                                                        allow_subdirs=False)
+
+    def corpus_selection_file(self, version: str, key: str) -> str:
+        """One shard's selected rows in a version of the corpus selection."""
+        return safe_child(self.corpus_selection_dir(version), f"{self._key(key)}.parquet",
+                          allow_subdirs=False)
 
     def corpus_file(self, name: str) -> str:
         """A file of the corpus stage's state (``corpus/<name>``)."""

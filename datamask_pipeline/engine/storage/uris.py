@@ -247,6 +247,16 @@ def list_files(dir_uri, suffix: str | None = ".parquet") -> list[str]:
     return list(list_file_infos(dir_uri, suffix))
 
 
+def list_dirs(dir_uri) -> list[str]:
+    """The URIs of the directories directly inside ``dir_uri`` (none when it does not exist),
+    sorted; hidden names skipped. On object storage a "directory" is a common key prefix."""
+    fs, path = resolve(dir_uri)
+    sel = pafs.FileSelector(path, recursive=False, allow_not_found=True)
+    names = sorted(fi.base_name for fi in fs.get_file_info(sel)
+                   if fi.type == pafs.FileType.Directory and not fi.base_name.startswith("."))
+    return [join(dir_uri, n) for n in names]
+
+
 def _sha256_path(fs: pafs.FileSystem, path: str) -> str:
     h = hashlib.sha256()
     with fs.open_input_stream(path) as fh:
