@@ -329,12 +329,14 @@ class LanguageCentering:
         float32, written to ``out`` when given (it may be ``vectors`` itself: in place)."""
         n = len(vectors)
         out = np.empty((n, np.shape(vectors)[1]), np.float32) if out is None else out
+        names = list(self.centroids)
+        means = np.stack([self.centroids[k] for k in names]) if names else None  # (groups, d)
+        enc = pc.dictionary_encode(pa.array(self.groups[start:start + n], pa.string()))
+        at = np.array([names.index(k) for k in enc.dictionary.to_pylist()], dtype=np.int64)
+        code = at[enc.indices.to_numpy(zero_copy_only=False)] if at.size else at  # (n,)
         for s in range(0, n, _APPLY_ROWS):
             v = np.asarray(vectors[s:s + _APPLY_ROWS], dtype=np.float32)
-            g = self.groups[start + s:start + s + len(v)]
-            c = np.array(v, dtype=np.float32, copy=True)
-            for name in dict.fromkeys(g.tolist()):
-                c[g == name] -= self.centroids[name]
+            c = v - means[code[s:s + len(v)]]
             flat = np.linalg.norm(c, axis=1) < CENTERED_MIN_NORM
             c[flat] = v[flat]
             out[s:s + len(v)] = _unit(c)
@@ -431,7 +433,8 @@ class LanguageSums:
         n_rare = sum(self.counts[k] for k in rare)
         pool = rare if n_rare >= min_rows else list(self.counts)
         n_pool = sum(self.counts[k] for k in pool)
-        cents[RARE] = (sum(self.sums[k] for k in pool) / max(n_pool, 1)).astype(np.float32)
+        if pool:
+            cents[RARE] = (sum(self.sums[k] for k in pool) / max(n_pool, 1)).astype(np.float32)
         if n_rare:
             counts[RARE] = n_rare
         names, inv = _language_codes(languages)
