@@ -104,7 +104,8 @@ class LoggedFiles(SelectionFiles):
         return super().write(key, rows)
 
 
-@pytest.mark.parametrize("term,mode", [("DiSF", "exchange"), ("Facility", "per_shard")])
+@pytest.mark.parametrize("term,mode", [("DiSF", "exchange"), ("Facility", "per_shard"),
+                                       ("Facility", "exchange")])
 def test_the_selected_rows_are_written_by_the_shards_tasks_and_never_reach_the_coordinator(
         tmp_path, ray_two_cpus, term, mode):
     """Item 2 of issue 24: past one selection, each shard's last task writes its selected rows

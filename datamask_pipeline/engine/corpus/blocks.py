@@ -16,15 +16,18 @@ its own cluster. So the route is:
    objective at the final size k is a sum over blocks,
    f(U) = Σ_b [λ/k · Σ_{j∈U_b} q_j + (1−λ)/N · Σ_{i∈b} max_{j∈U_b} s_ij],
    and a row's gain depends only on its own block's picks. Each group's task runs lazy greedy
-   in each of its blocks on these gains and returns the gain sequence (non-increasing, a
-   monotone submodular objective). Greedy over the whole corpus on this objective picks the
-   largest head among the blocks each time, which is the k largest gains of the merged
-   sequences: one shared threshold (Badanidiyuru & Vondrák's threshold greedy with the
-   threshold found exactly). A block whose sequence ran out above the threshold runs again
-   with twice the length.
+   in each of its blocks on these gains and saves the gain sequences (non-increasing, a
+   monotone submodular objective) with their picks in the run's state. Greedy over the whole
+   corpus on this objective picks the largest head among the blocks each time, which is the
+   k largest gains of the merged sequences: one shared threshold (Badanidiyuru & Vondrák's
+   threshold greedy with the threshold found exactly), found from a histogram of the groups'
+   gains (``sharded.kth_largest``). Each group takes its gains above it and writes each
+   shard's taken rows; a block whose sequence ran out above the threshold runs again with
+   twice the length. Each shard's task then gathers its rows into the run's state.
 
-Memory: the coordinator holds the sample, the centroids and the blocks' gain sequences
-(O(k)); a group's task holds its rows and one block's dense similarity (``block_rows``²).
+Memory: the coordinator holds the sample, the centroids, each group's gain count and range,
+and the (shards × groups) row counts: no gain and no pick; a group's task holds its rows and
+one block's dense similarity (``block_rows``²).
 Scoring: when the corpus fits one selection, on the whole corpus; else the block-local f,
 a lower bound of f (a row covered better from another block counts its block's coverage).
 """
@@ -39,6 +42,7 @@ import torch
 
 from .. import storage
 from .checkpoint import _npz_bytes, _npz_read
+from .sharded import kth_largest
 
 __all__ = ["BlockContext", "BLOCK_ROWS", "GROUP_ROWS", "SAMPLE_ROWS", "MAX_CLUSTERS",
            "SCORE_CLIENTS", "select_blocks", "estimate_scores"]
@@ -66,6 +70,10 @@ class BlockContext:
     device: str = "cpu"
     neighbors: int | None = None  # the corpus term's K-neighbour similarity; None = dense
 
+    def stats(self):
+        """Facility location has no sufficient statistics (``token_fit``'s run context)."""
+        return None
+
 
 def _unit(x) -> np.ndarray:
     x = np.asarray(x, dtype=np.float32)
@@ -87,6 +95,16 @@ def _load(shard):
 
 def _group_uri(ctx: BlockContext, g: int, i: int) -> str:
     return storage.join(ctx.state.dir, f"blk-g{g:05d}-s{i:06d}.npz")
+
+
+def _seq_uri(ctx: BlockContext, g: int) -> str:
+    """A group's gain sequences: every block's picks (shard, row) and gains, in block order."""
+    return storage.join(ctx.state.dir, f"seq-g{g:05d}.npz")
+
+
+def _pick_uri(ctx: BlockContext, g: int, i: int) -> str:
+    """The rows of shard ``i`` that group ``g``'s blocks take at the threshold."""
+    return storage.join(ctx.state.dir, f"pick-g{g:05d}-s{i:06d}.npz")
 
 
 # ------------------------------------------------------------------ tasks
@@ -180,32 +198,79 @@ def block_greedy(x: torch.Tensor, q: np.ndarray, length: int, lamb: float, wq: f
 
 
 def task_group(ctx: BlockContext, g: int, shards_in: list, lengths: dict):
-    """Greedy in each block of group ``g`` (read from the shards' files ``shards_in``):
-    per block its key, size, picks as (shard, row) and gain sequence (made non-increasing).
-    ``lengths``: a block's sequence length, by key (default: ``HEAD_FACTOR`` × its share)."""
+    """Greedy in each block of group ``g`` (read from the shards' files ``shards_in``), its
+    gain sequences (made non-increasing) saved with their picks as (shard, row) in the run's
+    state, in block order. ``lengths``: a block's sequence length, by key (default:
+    ``HEAD_FACTOR`` × its share). Returns (blocks, gains, the gains' min and max)."""
     parts = [(i, _npz_read(storage.read_bytes(_group_uri(ctx, g, i)))) for i in shards_in]
     shard = np.concatenate([np.full(p["row"].size, i, dtype=np.int64) for i, p in parts])
     arrays = {n: np.concatenate([p[n] for _, p in parts]) for n in ("x", "q", "row", "cluster",
                                                                   "hash")}
     wq, wd = ctx.lamb / ctx.k, (1.0 - ctx.lamb) / ctx.n
-    out = []
+    keys, sizes, seqs = [], [], []
     for c, p, mem in _blocks_of(arrays["cluster"], arrays["hash"], ctx.block_rows):
-        key = (c, p)
-        length = lengths.get(key) or max(1, math.ceil(HEAD_FACTOR * ctx.k * mem.size / ctx.n))
+        length = lengths.get((c, p)) or max(1, math.ceil(HEAD_FACTOR * ctx.k * mem.size / ctx.n))
         picks, gains = block_greedy(torch.as_tensor(arrays["x"][mem]), arrays["q"][mem],
                                     length, ctx.lamb, wq, wd, ctx.neighbors)
-        gains = np.minimum.accumulate(gains)
-        out.append({"key": key, "n": int(mem.size), "shard": shard[mem][picks],
-                    "row": arrays["row"][mem][picks], "gains": gains})
-    return out
+        keys.append((c, p))
+        sizes.append(mem.size)
+        seqs.append((shard[mem][picks], arrays["row"][mem][picks],
+                     np.minimum.accumulate(gains)))
+    gains = np.concatenate([sq[2] for sq in seqs])
+    storage.atomic_write_bytes(_seq_uri(ctx, g), _npz_bytes(
+        key=np.asarray(keys, dtype=np.int64).reshape(-1, 2), n=np.asarray(sizes, np.int64),
+        length=np.asarray([sq[2].size for sq in seqs], np.int64),
+        shard=np.concatenate([sq[0] for sq in seqs]), row=np.concatenate([sq[1] for sq in seqs]),
+        gain=gains))
+    return len(keys), int(gains.size), float(gains.min()), float(gains.max())
 
 
-def task_cover(shared, i: int, shard, rows: np.ndarray, take_eq: int, n_random: int):
-    """The shard's part of three selections (the run's ``rows``, the corpus's quality top-k:
-    rows above ``t`` and the first ``take_eq`` at ``t``, ``n_random`` random rows): per
-    selection its quality sum, its size and each client's best clipped cosine to its rows
-    in this shard (``clients``: unit rows, the sample the coverage is estimated on)."""
-    clients, t, seed = shared
+def group_gains(ctx: BlockContext, g: int) -> np.ndarray:
+    """Group ``g``'s gains, every block's sequence (what the shared threshold ranks)."""
+    return _npz_read(storage.read_bytes(_seq_uri(ctx, g)))["gain"]
+
+
+def task_take(shared, g: int, take_eq: int, shards_in: list):
+    """Group ``g``'s blocks at the threshold ``t``: each takes its gains above ``t`` and, in
+    block order, the group's first ``take_eq`` gains at ``t``. Writes each shard's taken rows
+    (``shards_in``: every shard with rows in the group, so an empty take overwrites an
+    earlier pass's) and returns (the taken gains' sum, the blocks whose whole sequence was
+    taken and that have rows left: key, rows, length)."""
+    ctx, t = shared
+    z = _npz_read(storage.read_bytes(_seq_uri(ctx, g)))
+    gain = z["gain"]
+    taken = gain > t
+    at = np.flatnonzero(gain == t)[:int(take_eq)]  # sequences are in block order
+    taken[at] = True
+    ends = np.cumsum(z["length"])
+    took = np.add.reduceat(taken, ends - z["length"]) if ends.size else np.zeros(0, np.int64)
+    short = [((int(kk[0]), int(kk[1])), int(n), int(ln))
+             for kk, n, ln, tk in zip(z["key"], z["n"], z["length"], took) if tk == ln < n]
+    for i in shards_in:
+        rows = z["row"][taken & (z["shard"] == i)]
+        storage.atomic_write_bytes(_pick_uri(ctx, g, int(i)), _npz_bytes(rows=rows))
+    return float(gain[taken].sum()), short
+
+
+def task_collect(ctx: BlockContext, i: int, groups: np.ndarray):
+    """Shard ``i``'s selected rows from its groups' takes, saved as version 0 of the run's
+    state (never sent to the coordinator); returns their count."""
+    rows = [_npz_read(storage.read_bytes(_pick_uri(ctx, int(g), i)))["rows"] for g in groups]
+    rows = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + rows))
+    ctx.state.save_rows(i, 0, rows)
+    for g in groups:
+        storage.remove(_pick_uri(ctx, int(g), i))
+    return int(rows.size)
+
+
+def task_cover(shared, i: int, shard, version: int, take_eq: int, n_random: int):
+    """The shard's part of three selections (the run's rows, ``version`` of the run's state;
+    the corpus's quality top-k: rows above ``t`` and the first ``take_eq`` at ``t``;
+    ``n_random`` random rows): per selection its quality sum, its size and each client's best
+    clipped cosine to its rows in this shard (``clients``: unit rows, the sample the coverage
+    is estimated on)."""
+    clients, t, seed, state = shared
+    rows = state.load_rows(i, version)[0]
     part = _load(shard)
     q = np.asarray(part.quality, dtype=np.float64)
     top = np.union1d(np.flatnonzero(q > t), np.flatnonzero(q == t)[:take_eq])
@@ -221,25 +286,24 @@ def task_cover(shared, i: int, shard, rows: np.ndarray, take_eq: int, n_random: 
             xs = torch.as_tensor(_unit(part.embeddings[r[s:s + 8192]]))
             best = torch.maximum(best, (c @ xs.T).amax(dim=1).clamp_(min=0))
         out[name] = (float(q[r].sum()), int(r.size), best.numpy())
-    out["quality_topk_rows"] = top
     return out
 
 
 def estimate_scores(shards: list, ex, lamb: float, k: int, clients: np.ndarray,
-                    rows: dict, q_range: tuple, seed: int) -> dict:
-    """Whole-corpus f of the run's selection, quality top-k and random, with the quality
-    term exact and the coverage term the mean over ``clients`` (a uniform sample of the
-    corpus's rows, chosen by id hash) of each one's best coverage: an unbiased estimate,
-    with its standard error ``f_div_se`` (the three share their clients, so their
-    differences are far tighter)."""
+                    state, version: int, q_range: tuple, seed: int) -> tuple:
+    """Whole-corpus f of the run's selection (``version`` of each shard's rows in ``state``),
+    quality top-k and random, with the quality term exact and the coverage term the mean
+    over ``clients`` (a uniform sample of the corpus's rows, chosen by id hash) of each one's
+    best coverage: an unbiased estimate, with its standard error ``f_div_se`` (the three
+    share their clients, so their differences are far tighter). Returns (scores, the quality
+    top-k's threshold and each shard's rows at it: ``sharded.topk_threshold``)."""
     from .sharded import topk_threshold
 
     t, takes = topk_threshold(ex, shards, k, q_range)
     sizes = np.array([s.n for s in shards], dtype=np.int64)
     n_random = np.random.default_rng(seed).multivariate_hypergeometric(sizes, k)
-    res = ex.map(task_cover, [(i, s, rows.get(i, np.zeros(0, dtype=np.int64)), takes[i],
-                               int(n_random[i])) for i, s in enumerate(shards)],
-                 shared=(clients, t, seed))
+    res = ex.map(task_cover, [(i, s, version, takes[i], int(n_random[i]))
+                              for i, s in enumerate(shards)], shared=(clients, t, seed, state))
     scores, best = {}, {}
     for name in ("selection", "quality_topk", "random"):
         q_sum = sum(r[name][0] for r in res)
@@ -254,13 +318,18 @@ def estimate_scores(shards: list, ex, lamb: float, k: int, clients: np.ndarray,
     diff = best["selection"] - best["quality_topk"]
     scores["selection"]["f_minus_quality_topk_se"] = float(
         (1 - lamb) * diff.std() / np.sqrt(diff.size))
-    top_rows = {i: r["quality_topk_rows"] for i, r in enumerate(res)}
-    return scores, top_rows
+    return scores, (t, takes)
 
 
 def task_clear_groups(ctx: BlockContext, i: int, groups: np.ndarray):
     for g in groups:
         storage.remove(_group_uri(ctx, int(g), i))
+        storage.remove(_pick_uri(ctx, int(g), i))
+    return 0
+
+
+def task_clear_seq(ctx: BlockContext, g: int):
+    storage.remove(_seq_uri(ctx, g))
     return 0
 
 
@@ -279,8 +348,10 @@ def select_blocks(shards: list, ctx: BlockContext, ex, log=lambda m: None,
                   sample_rows: int = SAMPLE_ROWS, max_clusters: int = MAX_CLUSTERS,
                   group_rows: int = GROUP_ROWS) -> dict:
     """The facility-blocks selection of ``ctx.k`` rows of ``shards`` (kept views) on executor
-    ``ex``: {"rows": {shard index: rows}, "f_blocks": block-local f, "blocks": count,
-    "clusters": count, "passes": greedy passes}."""
+    ``ex``, each shard's rows saved as version 0 of ``ctx.state`` by its own task (the
+    coordinator holds the centroids, the groups' sizes and the threshold, never a pick):
+    {"counts": each shard's rows, "f_blocks": block-local f, "blocks": count, "clusters":
+    count, "passes": greedy passes, "threshold": the shared gain threshold}."""
     n, k = ctx.n, ctx.k
     # the sample: the rows of the smallest id hashes (about sample_rows of them), in hash
     # order, so the clusters do not depend on how the corpus was cut into files
@@ -299,47 +370,45 @@ def select_blocks(shards: list, ctx: BlockContext, ex, log=lambda m: None,
     shuffled = ex.map(task_shuffle, [(i, s) for i, s in enumerate(shards)], shared=ctx)
     counts = np.stack([c for c, _ in shuffled])  # (shards, groups)
     q_range = (min(r[0] for _, r in shuffled), max(r[1] for _, r in shuffled))
+    members = [np.flatnonzero(counts[:, g]).tolist() for g in range(ctx.groups)]
+    seqs: dict = {}  # group -> (blocks, gains, min, max)
     try:
-        blocks: dict = {}
         lengths: dict = {}
         todo = list(range(ctx.groups))
         passes = 0
         while todo:
             passes += 1
-            res = ex.map(task_group, [(g, np.flatnonzero(counts[:, g]).tolist(),
+            res = ex.map(task_group, [(g, members[g],
                                        {kk: v for kk, v in lengths.items() if kk[0] % ctx.groups == g})
                                       for g in todo], shared=ctx)
-            for r in res:
-                for b in r:
-                    blocks[b["key"]] = b
-            keys = sorted(blocks)
-            gains = np.concatenate([blocks[kk]["gains"] for kk in keys])
-            owner = np.concatenate([np.full(blocks[kk]["gains"].size, j)
-                                    for j, kk in enumerate(keys)])
-            pos = np.concatenate([np.arange(blocks[kk]["gains"].size) for kk in keys])
-            order = np.lexsort((pos, owner, -gains))[:k]
-            take = np.bincount(owner[order], minlength=len(keys))
-            short = [kk for j, kk in enumerate(keys)
-                     if take[j] == blocks[kk]["gains"].size < blocks[kk]["n"]]
-            if order.size < k and not short:
+            seqs.update(zip(todo, res))
+            groups = sorted(seqs)
+            total = sum(seqs[g][1] for g in groups)
+            if total > k:  # the k-th largest gain of the merged sequences, ties in block order
+                t, takes = kth_largest(ex, group_gains, ctx, [(g,) for g in groups], k,
+                                       (min(seqs[g][2] for g in groups),
+                                        max(seqs[g][3] for g in groups)))
+            else:  # every gain (short blocks run again below)
+                t, takes = -np.inf, [0] * len(groups)
+            took = ex.map(task_take, [(g, takes[j], members[g]) for j, g in enumerate(groups)],
+                          shared=(ctx, t))
+            short = [s_ for _, sh in took for s_ in sh]
+            if total < k and not short:
                 raise AssertionError("facility blocks: fewer rows than k")  # pragma: no cover
-            for kk in short:
-                lengths[kk] = min(blocks[kk]["n"], 2 * blocks[kk]["gains"].size)
-            todo = sorted({kk[0] % ctx.groups for kk in short})
+            for kk, n_rows, length in short:
+                lengths[kk] = min(n_rows, 2 * length)
+            todo = sorted({kk[0] % ctx.groups for kk, _, _ in short})
             if todo:
                 log(f"corpus: facility blocks: {len(short):,} block(s) ran out above the "
                     "threshold: their greedy runs again, twice as long")
-        rows: dict = {}
-        for j, kk in enumerate(keys):
-            b = blocks[kk]
-            t = int(take[j])
-            for i in np.unique(b["shard"][:t]):
-                rows.setdefault(int(i), []).append(b["row"][:t][b["shard"][:t] == i])
-        rows = {i: np.sort(np.concatenate(v)) for i, v in rows.items()}
-        f_blocks = float(gains[order].sum())
+        f_blocks = float(sum(f for f, _ in took))
+        picked = ex.map(task_collect, [(i, np.flatnonzero(counts[i]))
+                                       for i in range(len(shards))], shared=ctx)
     finally:
         ex.map(task_clear_groups, [(i, np.flatnonzero(counts[i])) for i in range(len(shards))],
                shared=ctx)
-    return {"rows": rows, "f_blocks": f_blocks, "blocks": len(keys), "clusters": n_clusters,
-            "passes": passes, "threshold": float(gains[order[-1]]) if order.size else None,
+        ex.map(task_clear_seq, [(g,) for g in sorted(seqs)], shared=ctx)
+    return {"counts": picked, "f_blocks": f_blocks,
+            "blocks": int(sum(seqs[g][0] for g in seqs)), "clusters": n_clusters,
+            "passes": passes, "threshold": float(t),
             "clients": sample[:SCORE_CLIENTS], "q_range": q_range}

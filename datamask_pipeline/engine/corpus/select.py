@@ -369,7 +369,7 @@ def select_corpus(
     elif chosen == "exchange" and term_name not in HAS_STATS:
         res = _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex,
                                       workdir, checkpoint_dir, block_rows, timings, log,
-                                      tok_summary)
+                                      tok_summary, sink)
     else:
         res = _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n,
                               fits, why, ex, candidates, max_rounds, time_budget_s, on_round,
@@ -608,15 +608,18 @@ def _select_sharded(shards, chosen, k, cfg, dev, mem_budget, d, ref, budget, n, 
 
 
 def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex, workdir,
-                            checkpoint_dir, block_rows, timings, log, tok_summary=None):
+                            checkpoint_dir, block_rows, timings, log, tok_summary=None,
+                            sink=None):
     """Facility location's exchange route: greedy in blocks cut by a corpus-wide k-means with
-    one shared gain threshold (:mod:`engine.corpus.blocks`)."""
+    one shared gain threshold (:mod:`engine.corpus.blocks`). Each shard's rows stay in the
+    run's state; past one selection they are scored and written (with a ``sink``) by the
+    shard's own tasks, so ``selected`` is what the sinks returned."""
     import shutil
     import tempfile
 
     from .blocks import BLOCK_ROWS, BlockContext, estimate_scores, select_blocks
     from .checkpoint import RunState
-    from .sharded import task_quality
+    from .sharded import task_quality, task_rows
 
     identity = {"config": cfg.config_hash(), "mode": "facility_blocks", "k": k,
                 "block_rows": block_rows, "shards": [(s.key, s.n, s.version) for s in shards]}
@@ -636,27 +639,25 @@ def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex
         t0 = time.perf_counter()
         out = select_blocks(shards, ctx, ex, log)
         timings["select_s"] = time.perf_counter() - t0
-        offsets = np.cumsum([0] + [s.n for s in shards])
-        glob = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
-            np.asarray(r, dtype=np.int64) + offsets[i] for i, r in out["rows"].items()]))
-        tokens_info, q_all = None, None
+        version, tokens_info = 0, None
         if budget.kind == "tokens":  # fit_tokens by quality, each shard's counts in its task
             from .token_fit import fit_sharded, token_totals
 
             tok_summary = tok_summary or token_totals(ex, shards)
-            starts = [np.asarray(out["rows"].get(i, []), dtype=np.int64)
-                      for i in range(len(shards))]
-            got = fit_sharded(ex, shards, int(budget.value), starts, want_rows=True, log=log)
-            glob = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
-                r + offsets[i] for i, r in enumerate(got["rows"])]))
+            got = fit_sharded(ex, shards, int(budget.value), [0] * len(shards), state,
+                              outs=[(1,)] * len(shards), ctx=ctx, log=log)
+            version = 1
             tokens_info = _tokens_info(budget.value, got["tokens"], tok_summary["total"],
                                        tok_summary["largest"])
-            k = int(glob.size)
+            k = int(sum(got["counts"]))
         t1 = time.perf_counter()
-        guard = None
-        if fits:
-            if q_all is None:
-                q_all = np.concatenate(ex.map(task_quality, [(s,) for s in shards]))
+        guard, selected = None, None
+        if fits:  # the corpus fits one selection: its rows are held here anyway
+            offsets = np.cumsum([0] + [s.n for s in shards])
+            glob = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
+                r + offsets[i] for i, r in enumerate(ex.map(
+                    task_rows, [(i, version) for i in range(len(shards))], shared=ctx))]))
+            q_all = np.concatenate(ex.map(task_quality, [(s,) for s in shards]))
             rng = np.random.default_rng(cfg.seed)
             top = _global_topk(q_all, k)
             sets = {"selection": glob, "quality_topk": top,
@@ -665,28 +666,32 @@ def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex
             if budget.kind != "tokens" and \
                     scores["quality_topk"]["f"] > scores["selection"]["f"]:
                 guard, glob = "quality_topk", np.sort(top)
-        elif tokens_info:
-            scores = scored_by = None
+            selected = {}
+            for i, s in enumerate(shards):
+                lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
+                selected[s.key] = s.own_rows(glob[lo:hi] - offsets[i])
         else:
-            scores, top_rows = estimate_scores(shards, ex, cfg.lamb, k, out["clients"],
-                                               out["rows"], out["q_range"], cfg.seed)
-            scores["selection"]["f_blocks"] = out["f_blocks"]
-            scored_by = (f"quality exact, coverage estimated on {len(out['clients']):,} rows "
-                         "sampled by id hash (± f_div_se)")
-            if scores["quality_topk"]["f"] > scores["selection"]["f"]:
-                guard = "quality_topk"
-                glob = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + [
-                    np.asarray(r, dtype=np.int64) + offsets[i] for i, r in top_rows.items()]))
+            top = None
+            if tokens_info:
+                scores = scored_by = None
+            else:
+                scores, top = estimate_scores(shards, ex, cfg.lamb, k, out["clients"], state,
+                                              version, out["q_range"], cfg.seed)
+                scores["selection"]["f_blocks"] = out["f_blocks"]
+                scored_by = (f"quality exact, coverage estimated on {len(out['clients']):,} "
+                             "rows sampled by id hash (± f_div_se)")
+                if scores["quality_topk"]["f"] > scores["selection"]["f"]:
+                    guard = "quality_topk"
+            res = ex.map(task_final, [(i, s, version, top[1][i] if guard else None)
+                                      for i, s in enumerate(shards)],
+                         shared=(state, top[0] if guard else None, sink))
+            selected = {s.key: r for s, r in zip(shards, res)}
         if guard:  # the blocks' own selection stays in the scores, under its name
             scores["facility_blocks"] = scores["selection"]
             scores["selection"] = dict(scores["quality_topk"])
             log("corpus: facility blocks: the corpus's quality top-k scored higher than the "
                 "blocks' selection; it is returned instead")
         timings["score_s"] = time.perf_counter() - t1
-        selected = {}
-        for i, s in enumerate(shards):
-            lo, hi = np.searchsorted(glob, [offsets[i], offsets[i + 1]])
-            selected[s.key] = s.own_rows(glob[lo:hi] - offsets[i])
         state.clear()
     finally:
         if temp is not None:
@@ -698,6 +703,23 @@ def _select_facility_blocks(shards, k, cfg, dev, mem_budget, budget, n, fits, ex
         route = f"quality top-k (scored above {route})"
         notes.append("facility blocks: the corpus's quality top-k scored higher and was returned")
     return selected, route, scores, scored_by, [], None, {}, tokens_info, notes
+
+
+def task_final(shared, i: int, shard, version: int, take_eq):
+    """A facility-blocks shard's final rows, in its own numbering: its rows in the run's
+    state, or (``take_eq`` not None: the guard returned the corpus's quality top-k) its rows
+    above ``t`` and its first ``take_eq`` at ``t``; written by ``sink`` when given (what it
+    returns), else returned."""
+    from .parts import load_checked
+
+    state, t, sink = shared
+    if take_eq is None:
+        rows = state.load_rows(i, version)[0]
+    else:
+        q = np.asarray(load_checked(shard).quality, dtype=np.float64)
+        rows = np.union1d(np.flatnonzero(q > t), np.flatnonzero(q == t)[:take_eq])
+    own = shard.own_rows(rows)
+    return own if sink is None else sink.write(shard.key, own)
 
 
 def _select_gathered(g: _Gathered, k: int, cfg, dev, mem_budget):

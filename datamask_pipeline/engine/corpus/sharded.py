@@ -213,20 +213,25 @@ def task_rows(ctx: RunContext, i: int, version: int):
     return ctx.state.load_rows(i, version)[0]
 
 
-def task_histogram(shared, shard):
-    """The shard's quality counted in the corpus's bins."""
-    lo, hi, bins = shared
-    q = np.asarray(_load(shard).quality, dtype=np.float64)
-    return np.histogram(q, bins=bins, range=(lo, hi))[0].astype(np.int64)
+def quality_of(_, shard) -> np.ndarray:
+    """The shard's quality (the values :func:`topk_threshold` ranks)."""
+    return np.asarray(_load(shard).quality, dtype=np.float64)
 
 
-def task_bin_values(shared, shard):
-    """The distinct quality values of the shard inside one bin, with their counts."""
-    lo, hi, bins, b = shared
-    q = np.asarray(_load(shard).quality, dtype=np.float64)
-    idx = np.clip(((q - lo) / (hi - lo) * bins).astype(np.int64), 0, bins - 1) if hi > lo \
-        else np.zeros(q.size, dtype=np.int64)
-    return np.unique(q[idx == b], return_counts=True)
+def task_histogram(shared, *args):
+    """A task's values (``values(inner, *args)``) counted in the corpus's bins."""
+    values, inner, lo, hi, bins = shared
+    v = values(inner, *args)
+    return np.histogram(v, bins=bins, range=(lo, hi))[0].astype(np.int64)
+
+
+def task_bin_values(shared, *args):
+    """The distinct values of a task inside one bin, with their counts."""
+    values, inner, lo, hi, bins, b = shared
+    v = values(inner, *args)
+    idx = np.clip(((v - lo) / (hi - lo) * bins).astype(np.int64), 0, bins - 1) if hi > lo \
+        else np.zeros(v.size, dtype=np.int64)
+    return np.unique(v[idx == b], return_counts=True)
 
 
 def task_score(shared, i: int, shard, version: int, take_eq: int, n_random: int):
@@ -264,22 +269,24 @@ def task_write(sink, key: str, rows):
     return sink.write(key, rows)
 
 
-def topk_threshold(ex, shards: list, k: int, q_range: tuple) -> tuple[float, list]:
-    """The corpus's quality top-k without its rows: (t, rows at t each shard takes), from a
-    histogram of every shard's quality (in ``q_range``) and the distinct values of the bin
-    that holds the k-th best; ties at t go to the first rows in (shard, row) order."""
-    lo, hi = q_range
+def kth_largest(ex, values, inner, args: list, k: int, v_range: tuple) -> tuple[float, list]:
+    """The k-th largest of values spread over tasks, without gathering them: (t, how many of
+    its values at t each task takes), from a histogram of every task's values
+    (``values(inner, *a)`` for each ``a`` of ``args``, all in ``v_range``) and the distinct
+    values of the bin that holds the k-th; ties at t go to the tasks in order. At least k
+    values in all."""
+    lo, hi = v_range
     bins = HIST_BINS
-    hist = np.sum(ex.map(task_histogram, [(s,) for s in shards], shared=(lo, hi, bins)), axis=0)
-    above = np.cumsum(hist[::-1])[::-1]  # rows in bin b or higher
+    hist = np.sum(ex.map(task_histogram, args, shared=(values, inner, lo, hi, bins)), axis=0)
+    above = np.cumsum(hist[::-1])[::-1]  # values in bin b or higher
     b = int(np.flatnonzero(above >= k).max())
-    over = int(above[b + 1]) if b + 1 < bins else 0  # rows in higher bins
-    per = ex.map(task_bin_values, [(s,) for s in shards], shared=(lo, hi, bins, b))
+    over = int(above[b + 1]) if b + 1 < bins else 0  # values in higher bins
+    per = ex.map(task_bin_values, args, shared=(values, inner, lo, hi, bins, b))
     vals = np.unique(np.concatenate([v for v, _ in per]))
     cnt = np.zeros(vals.size, dtype=np.int64)
     for v, c in per:
         cnt[np.searchsorted(vals, v)] += c
-    above_v = over + np.cumsum(cnt[::-1])[::-1]  # rows at or above each value
+    above_v = over + np.cumsum(cnt[::-1])[::-1]  # values at or above each value
     j = int(np.flatnonzero(above_v >= k).max())
     t = float(vals[j])
     gt = int(above_v[j] - cnt[j])
@@ -290,6 +297,13 @@ def topk_threshold(ex, shards: list, k: int, q_range: tuple) -> tuple[float, lis
         takes.append(min(here, rest))
         rest -= takes[-1]
     return t, takes
+
+
+def topk_threshold(ex, shards: list, k: int, q_range: tuple) -> tuple[float, list]:
+    """The corpus's quality top-k without its rows: (t, rows at t each shard takes)
+    (:func:`kth_largest` of the shards' quality); ties at t go to the first rows in (shard,
+    row) order."""
+    return kth_largest(ex, quality_of, None, [(s,) for s in shards], k, q_range)
 
 
 # ------------------------------------------------------------------ the coordinator
