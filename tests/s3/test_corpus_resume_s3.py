@@ -62,3 +62,43 @@ def test_a_corpus_run_killed_on_s3_resumes_from_its_last_round(bucket, s3fs):
     left = s3fs.get_file_info(pafs.FileSelector(f"{bucket}/checkpoints", recursive=True,
                                                 allow_not_found=True))
     assert not [i for i in left if i.type == pafs.FileType.File]  # removed once finished
+
+
+def test_the_selection_is_published_and_replaced_on_s3(bucket, s3fs):
+    """The per-shard selection files and the facts that publish them, on object storage: a
+    new version replaces the old one whole (its prefix removed after the facts are written),
+    and the subsets are written from the published files."""
+    import pyarrow as pa
+
+    from datamask_pipeline.engine import storage
+    from datamask_pipeline.engine.corpus.outputs import (SelectionFiles, read_selection,
+                                                          selection_files, write_selection,
+                                                          write_subsets)
+    from datamask_pipeline.engine.corpus.select import CorpusSelection
+
+    layout = storage.DataLayout(f"s3://{bucket}/data")
+    for key, n in (("a", 4), ("b", 3)):
+        storage.atomic_write_table(pa.table({"chunk_id": np.arange(n) + 10}),
+                                   layout.raw_shard(key))
+        storage.atomic_write_table(pa.table({"id": np.arange(n) + 10}), layout.features(key))
+    shards = [CorpusShard(key="a", n=4, load=None), CorpusShard(key="b", n=3, load=None)]
+
+    def publish(rows):
+        sink = SelectionFiles.new(layout)
+        files = {k: sink.write(k, r) for k, r in rows.items()}
+        res = CorpusSelection(mode="gather", requested_mode="auto", budget=budget, term="x",
+                              lamb=0.5, n=7, k=3, selected=None, route="t", scores=None,
+                              scored_by=None, files=files)
+        write_selection(layout, res, sink, shards, {}, {}, "h")
+        return sink
+
+    budget = CorpusBudget.of(select_rows=3)
+    first = publish({"a": np.array([0, 2]), "b": np.array([1])})
+    second = publish({"a": np.array([3]), "b": np.array([0, 2])})
+    assert storage.list_dirs(layout.corpus_selection_dir()) == [second.dir]
+    assert not storage.exists(first.uri("a"))
+    assert selection_files(layout) == {"a": second.uri("a"), "b": second.uri("b")}
+    assert read_selection(layout)[0].column("id").to_pylist() == ["13", "10", "12"]
+    done = write_subsets(layout, "chunk_id")
+    assert done.rows_written == 3
+    assert storage.read_table(layout.corpus_selected("b")).column("chunk_id").to_pylist() == [10, 12]
