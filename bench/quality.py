@@ -552,6 +552,8 @@ def run_main_job(n_per_lang: int, files: int, seed: int, workdir: str,
            "real": int(real.sum()), "files": files, "budget_rows": k, "cpu": cpu_model(),
            "algorithms": {}}
     out["by_combination"] = selection_by_combination(c, k, algorithms)
+    # the same whole-corpus selection with a perfect score: what no combination beats
+    out["by_combination_oracle"] = out["by_combination"].pop("oracle")
     for algorithm in algorithms:
         root = os.path.join(workdir, algorithm)
         rows, secs = main_job_on_texts(root, ids, texts, file_of, ["--algorithm", algorithm])
@@ -562,6 +564,12 @@ def run_main_job(n_per_lang: int, files: int, seed: int, workdir: str,
         print(f"{algorithm}: {rows.size} selected, damaged {m['damaged_share']:.3f}, "
               + ", ".join(f"{lg} {v['of_fair_share']:.2f}" for lg, v in m["languages"].items())
               + f", {secs:.0f}s", flush=True)
+    # what a perfect score would do for each term: the job's own deduplicated rows and vectors
+    # selected again in-process, with the quality it computed (the job's selection, as a check)
+    # and with an oracle's (1 for a real page, 0 for a damaged one)
+    for algorithm in algorithms:
+        out["algorithms"][algorithm]["reselected"] = reselect(os.path.join(workdir, algorithm),
+                                                              algorithm, c, ids)
     # the quality the main job computed, read back from its features: AUC per language
     feats = sorted(Path(workdir, algorithms[0], "features").glob("*.parquet"))
     pos = {d: i for i, d in enumerate(ids.tolist())}
@@ -576,13 +584,67 @@ def run_main_job(n_per_lang: int, files: int, seed: int, workdir: str,
     return out
 
 
+def reselect(root: str, algorithm: str, c: dict, ids) -> dict:
+    """The main job under ``root`` selected again in-process (engine ``select_shard``, the
+    pipeline profile, the job's λ and k) on its own features less the rows its deduplication
+    dropped, read as the corpus stage reads them (``read_shard`` centered by the corpus's
+    language sums: the vectors the job selected on), once with the quality the job computed
+    (``same_as_job``: the job's selection reproduced) and once with an oracle's quality: 1 for
+    a real page, 0 for a damaged one, the score that separates them perfectly. What the term
+    selects under the oracle is damage that no better heuristic score removes (a damaged pick
+    costs it the most quality a score in [0, 1] can charge); only the selection (λ, pruning,
+    the term) can."""
+    import pyarrow.parquet as pq
+    from types import SimpleNamespace
+
+    from datamask_pipeline.engine.config import LearnerConfig
+    from datamask_pipeline.engine.data import Columns, read_shard
+    from datamask_pipeline.engine.embed import LanguageSums, read_language_sums
+    from datamask_pipeline.engine.select import select_shard
+
+    info = json.loads(Path(root, "corpus", "selection.json").read_text())
+    pos = {d: i for i, d in enumerate(np.asarray(ids).tolist())}
+    dup_file = Path(root, "corpus", "duplicates.parquet")
+    dup = set(pq.read_table(dup_file, columns=["id"]).column("id").to_pylist()
+              if dup_file.exists() else [])
+    files = [str(f) for f in sorted(Path(root, "features").glob("*.parquet"))]
+    # the vectors as the corpus stage reads them: centered by the corpus's language means
+    sums = LanguageSums.total(read_language_sums(f) for f in files)
+    rows, q, x = [], [], []
+    for f in files:
+        shard = read_shard(f, Columns(id="id", quality=("quality",), embedding="embedding"),
+                           language_sums=sums)
+        keep = np.array([d not in dup for d in np.asarray(shard.ids).tolist()], bool)
+        rows += [pos[d] for d in np.asarray(shard.ids)[keep].tolist()]
+        q.append(np.asarray(shard.quality, np.float64)[keep])
+        x.append(np.asarray(shard.embeddings, np.float32)[keep])
+    rows, q, x = np.asarray(rows, np.int64), np.concatenate(q), np.concatenate(x)
+    job = {pos[d] for f in sorted(Path(root, "selected").glob("*.parquet"))
+           for d in pq.read_table(f, columns=["id"]).column("id").to_pylist()}
+    cfg = LearnerConfig.profile("pipeline", algorithm=algorithm, lamb=float(info["lamb"]),
+                                select_ratio=int(info["k"]) / len(rows))
+    out = {"rows": int(len(rows)), "k": int(info["k"]), "lamb": float(info["lamb"])}
+    for name, quality in (("computed", q), ("oracle", c["real"][rows].astype(np.float64))):
+        shard = SimpleNamespace(embeddings=x, quality=quality.astype(np.float32),
+                                ids=np.asarray(ids)[rows], n=len(rows))
+        sel = np.asarray(select_shard(shard, cfg, references=False).selected)
+        got = rows[np.flatnonzero(sel) if sel.dtype == bool else sel]
+        out[name] = _selection_measure(got, c)
+        if name == "computed":
+            out["same_as_job"] = set(got.tolist()) == job
+    print(f"{algorithm} reselected: same as the job {out['same_as_job']}, with an oracle score "
+          f"damaged {out['oracle']['damaged_share']:.3f}", flush=True)
+    return out
+
+
 def selection_by_combination(c: dict, k: int, algorithms) -> dict:
     """Why the combination matters beyond its AUC: the selection weighs the score's size
     (λ · mean quality against the diversity gain), so a damaged text that scores 0.6 instead of
     0.3 is cheap for a diversity term that likes it. Per combination and per term: what the
     whole corpus's selection of k rows holds (the engine's select_shard, the pipeline profile
     at λ = 0.5: what ``gather`` runs, without deduplication), on the vectors the features
-    carry by default: centered by the detected language over the whole corpus."""
+    carry by default: centered by the detected language over the whole corpus; and the same
+    for an oracle's score (key ``oracle``: 1 for a real page, 0 for a damaged one)."""
     from types import SimpleNamespace
 
     from datamask_pipeline.engine.config import LearnerConfig
@@ -595,6 +657,7 @@ def selection_by_combination(c: dict, k: int, algorithms) -> dict:
     # the geometry the features carry by default (contract embedding_language_geometry center)
     x = language_centering([x], detected).apply(x, 0)
     ids = np.array([f"doc{i:06d}" for i in range(len(texts))])
+    scores = {**scores, "oracle": real.astype(np.float64)}
     out = {}
     for how, q in scores.items():
         q = q.astype(np.float32)
@@ -645,14 +708,34 @@ def main_job_markdown(r: dict) -> str:
         lines.append(f"| `{v['command']}` | {v['selected']} | {v['damaged_share']:.1%} | "
                      f"{kinds} | {_fair(v)} | {v['seconds']:.0f} |")
     algos = [a for a in r["algorithms"]]
+    if all("reselected" in v for v in r["algorithms"].values()):
+        lines += ["", "What a perfect score would do: each job's deduplicated rows and vectors "
+                  "selected again in-process (the pipeline profile, the job's λ and k), with the "
+                  "quality the job computed (does it reproduce the job's selection?) and with an "
+                  "oracle's, 1 for a real page and 0 for a damaged one: the damaged pages a term "
+                  "still takes then are its own choice, which no better score removes:", "",
+                  "| term | rows after deduplication | job's selection reproduced | oracle score: "
+                  "damaged selected | damaged kinds | real pages per language (of fair share) |",
+                  "|---|---:|---|---:|---|---|"]
+        for a, v in r["algorithms"].items():
+            o = v["reselected"]
+            kinds = ", ".join(f"{k} {c}" for k, c in
+                              sorted(o["oracle"]["damaged_by_kind"].items())) or "none"
+            lines.append(f"| {a} | {o['rows']} | {'yes' if o['same_as_job'] else 'no'} | "
+                         f"{o['oracle']['damaged_share']:.1%} | {kinds} | {_fair(o['oracle'])} |")
     lines += ["", "By the heuristic's combination (the same corpus and budget, selected whole by "
               "the engine at λ = 0.5, no deduplication): the AUC per language, and per term the "
               "damaged share of the selection and the lowest language's real pages over its "
               "fair share:", "",
               "| combination | AUC per language | " + " | ".join(algos) + " |",
               "|---|---|" + "---|" * len(algos)]
-    for how, row in r["by_combination"].items():
-        mark = " **(default)**" if how == Q.COMBINATION else ""
+    rows = dict(r["by_combination"])
+    if "by_combination_oracle" in r:
+        rows["oracle"] = r["by_combination_oracle"]
+    for how, row in rows.items():
+        mark = (" **(default)**" if how == Q.COMBINATION else
+                " (not a combination: 1 for a real page, 0 for a damaged one)"
+                if how == "oracle" else "")
         auc = ", ".join(f"{lg} {v:.3f}" for lg, v in row["auc"].items())
         cells = [f"{row[a]['damaged_share']:.1%} damaged, lowest "
                  f"{min(v['of_fair_share'] for v in row[a]['languages'].values()):.2f}"
