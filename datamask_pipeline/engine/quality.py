@@ -55,7 +55,7 @@ __all__ = ["Scorer", "ScorerError", "HeuristicScorer", "FastTextScorer", "HFClas
 DEFAULT_SCORER = "heuristic"
 # Bump when the signals, their ramps or their combination change: it is part of the scorer's
 # version, so every features file scored by the old one goes stale.
-HEURISTIC_VERSION = "2"
+HEURISTIC_VERSION = "3"
 DEFAULT_CHUNK_ROWS = 8192
 
 

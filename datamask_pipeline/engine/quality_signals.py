@@ -133,6 +133,9 @@ SIGNALS = (
            from_zero=2.0),
     Signal("dup_lines", "fraction of non-empty lines that repeat an earlier line", True, 0.0,
            from_zero=1.0),
+    Signal("c4_sentences", "sentences (end marks: . ! ? and other scripts') in the distinct "
+           "lines that mention neither javascript nor a policy phrase (terms of use, privacy "
+           "policy, cookies); none in a page with lorem ipsum", False, 0.0, words=True),
     Signal("top_2gram", "share of the word 2-grams taken by the most frequent one", True, 0.2,
            words=True),
     Signal("dup_5gram", "fraction of word 5-grams that occur more than once", True, 0.35,
@@ -223,6 +226,11 @@ THRESHOLDS = (
               "(FineWeb-2 turns it off; kept here in every language: it is what separates "
               "a page with boilerplate lines mixed in)"),
     Threshold("dup_lines", "*", 0.3, GOPHER + ": <= 30% duplicate lines (dup_line_frac)"),
+    Threshold("c4_sentences", "*", 3, C4 + ": >= 3 sentences, counted by end marks, in the "
+              "lines kept (without javascript or a policy phrase; a repeated line once, as its "
+              "deduplication keeps one copy). C4 also keeps only lines of >= 5 words ending in "
+              "punctuation, which drops the sentences of hard-wrapped text: here short_lines "
+              "and punct_lines measure those", bad=1),
     *_fw2("dup_lines", "dup_line_frac"),
     Threshold("top_2gram", "*", 0.2, GOPHER + ": <= 20% (of characters; here of 2-grams)"),
     *_fw2("top_2gram", "top_2gram"),
@@ -360,6 +368,17 @@ BULLETS = r"^\s*([-*•‣◦▪●·–—>]|\d+[.)])\s"
 _PUNCT = "\"'()[]{}<>.,;:!?`*_-–—…«»“”‘’/\\|#"
 # terminal punctuation (C4: . ? ! "; FineWeb's TERMINAL_PUNCTUATION adds other scripts')
 TERMINAL = r"[.!?\"'”’»…。！？｡؟۔।॥።]$"
+# C4's page rule (Raffel et al. 2020; tensorflow_datasets c4_utils.clean_page): a page keeps
+# >= 3 sentences, counted by end marks, in the lines it keeps, lines that mention neither
+# javascript nor a policy phrase ("lorem ipsum" drops the page). C4 keeps only lines of >= 5
+# words ending in punctuation too; not here: the last line of a hard-wrapped paragraph is short
+# and its other lines end mid-sentence, so real wrapped text would keep no sentence (on the
+# Python reference manual's paragraphs, a tenth of the documents scored under 0.2)
+C4_DROP_LINE = ("javascript|terms of use|privacy policy|cookie policy|uses cookies|"
+                "use of cookies|use cookies")
+# a sentence's end: one '.' (not an ellipsis) or a run of ! ? and other scripts' end marks,
+# then closing quotes or brackets, then a space or the line's end
+C4_END = r"(^|[^.])(\.|[!?。！？｡؟۔।॥።]+)[\"'”’“‘»«)\]]*(\s|$)"
 WORD_ORDER_WORDS = 300
 WORD_ORDER_MIN_WORDS = 20
 
@@ -543,6 +562,14 @@ def signals(texts, languages=None) -> dict:
     repeat = np.zeros(len(nonempty), np.float64)
     repeat[np.flatnonzero(nonempty)] = ~first
     out["dup_lines"] = _ratio(_per_doc(l_off, repeat), n_lines)
+    # C4's sentences: end marks in the distinct lines without javascript or a policy phrase;
+    # none in a page with lorem ipsum
+    lower_lines = pc.utf8_lower(lines)
+    kept = nonempty & (repeat == 0) & ~_np(
+        pc.match_substring_regex(lower_lines, C4_DROP_LINE), bool)
+    ends = _np(pc.count_substring_regex(lines, C4_END))
+    lorem = _np(pc.count_substring(text, "lorem ipsum", ignore_case=True)) > 0
+    out["c4_sentences"] = np.where(lorem, 0.0, _per_doc(l_off, np.where(kept, ends, 0.0)))
     out["word_order"] = _word_order(py)
     # what does not apply: word signals on Chinese/Japanese script, characters elsewhere
     for s in SIGNALS:

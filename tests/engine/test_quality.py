@@ -103,13 +103,62 @@ def test_terminal_punctuation_is_fineweb_s_and_full_credit_at_0_12():
     assert Q.degrees({**sig, "punct_lines": np.array([0.3])}, ["en"])["punct_lines"][0] > 0.95
 
 
+def test_c4_sentences_counts_end_marks_in_the_lines_c4_keeps():
+    """C4's page rule: sentences counted by end marks in the lines it keeps, not the lines that
+    mention javascript or a policy phrase, a repeated line once, none with lorem ipsum; across
+    the lines of hard-wrapped text too (C4's own line rules, 5 words ending in punctuation, keep
+    none of a wrapped paragraph's sentences); off for Chinese or Japanese script."""
+    texts = ["It ends here. And here! Does it?\nwait... no end\nsee e.g. ls(1)",
+             "We use cookies to improve your experience.\nPrivacy Policy | Terms of Use.\n"
+             "Enable JavaScript to view this page.\nOne sentence.\nOne sentence.",
+             "A paragraph wrapped at a fixed width: its sentence\nends on a short line.\nThe "
+             "next one starts here and\nends here.",
+             "Lorem ipsum dolor sit amet. Consectetur adipiscing. Sed do eiusmod.",
+             "これは日本語の文章です。二つ目の文です。三つ目です。"]
+    got = Q.signals(texts, ["en", "en", "en", "la", "ja"])["c4_sentences"]
+    assert list(got[:4]) == [4, 1, 2, 0]  # "e.g. " counts (an end mark, as C4 counts them)
+    assert np.isnan(got[4])
+    # credit 0.95 at C4's minimum of 3 sentences, 0.5 at 2, 0.05 at 1
+    deg = Q.degrees({**Q.signals(texts[:3], ["en"] * 3),
+                     "c4_sentences": np.array([3.0, 2.0, 1.0])}, ["en"] * 3)["c4_sentences"]
+    assert list(np.round(deg, 3)) == [0.95, 0.5, 0.05]
+
+
+def test_web_boilerplate_around_one_sentence_scores_lower_and_wrapped_text_does_not():
+    """Issue 25's Facility selection took web-boilerplate pages (navigation, cookie and
+    copyright lines around one real sentence) that scored 0.76 and 0.91: short and repeated
+    lines were their only weak signals. C4's sentence rule finds two sentences in such a page
+    (the real one and the copyright line): it now scores below 0.9 (0.92 without the rule),
+    while no document of the Python reference manual (hard-wrapped, 3 paragraphs) loses more
+    than 0.005."""
+    good = good_docs(40)
+    sentence = re.split(r"(?<=[.!?])\s+", " ".join(good[5].split()))[1]
+    nav = ["Privacy Policy | Terms of Use | Sitemap", "Leave a comment", "Back to top",
+           "We use cookies to improve your experience. Accept all cookies", "Log in",
+           "Share on Twitter", "Copyright © 2024 All rights reserved.", "Posted by admin",
+           "We use cookies to improve your experience. Accept all cookies",
+           "Click here to subscribe", "Email this page"]
+    page = "\n".join(nav[:6] + [sentence] + nav[6:])
+    texts = [page] + good
+    langs = Q.detect_languages(texts)
+    sig = Q.signals(texts, langs)
+    assert sig["c4_sentences"][0] == 2
+    deg = Q.degrees(sig, langs)
+    without = Q.combine(deg, names=[n for n in Q.DEFAULT_SIGNALS if n != "c4_sentences"])
+    score = Q.HeuristicScorer().score(texts)
+    assert without[0] > 0.9 > score[0]
+    assert (sig["c4_sentences"][1:] >= 3).all()
+    assert (score[1:] >= without[1:] - 0.005).all()
+
+
 def test_thresholds_table_cites_a_source_for_every_row():
     rows = Q.THRESHOLDS
     assert {t.signal for t in rows} == set(Q.SIGNAL_BY_NAME)
     for s in Q.SIGNALS:  # a row for any language
         assert any(t.signal == s.name and t.languages == "*" for t in rows), s.name
     for t in rows:
-        assert t.source.strip() and (t.source.startswith(("Gopher", "FineWeb", "ours", "no "))), t
+        assert t.source.strip() and (t.source.startswith(("Gopher", "C4", "FineWeb", "ours",
+                                                          "no "))), t
     from datamask_pipeline.engine import quality_signals as S
 
     # FineWeb-2's per-language values are used: German's duplicate-line cap is 0.263
