@@ -138,6 +138,7 @@ def main(argv=None) -> int:
     r = run(int(a.rows), a.shards, a.dim, a.workers, a.workdir, cut=a.cut)
     r["command"] = "python -m bench.corpus_facility " + " ".join(
         argv if argv is not None else os.sys.argv[1:])
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"results_{a.tag}.json"), "w") as fh:
         json.dump(r, fh, indent=1, default=float)
     md = markdown(r)
