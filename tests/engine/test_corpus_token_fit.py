@@ -100,19 +100,25 @@ def test_token_totals_are_the_shards_sums_and_largest_document():
     assert got["total"] == int(tok.sum()) and got["largest"] == int(tok.max())
 
 
-def test_per_shard_with_a_token_budget_is_the_row_selection_fitted_by_quality():
-    """per_shard's token fit (ShardedRun.fit_tokens) selects what fit_tokens selects on the
-    gathered corpus from the same row-budget selection."""
+@pytest.mark.parametrize("mode,lamb,block_rows", [("per_shard", 0.5, None),
+                                                   ("exchange", 0.2, 128)])
+def test_a_token_budget_is_the_row_selection_fitted_by_quality(mode, lamb, block_rows):
+    """Facility's token fit by quality selects what fit_tokens selects on the gathered
+    corpus from the same row-budget selection: per_shard's (ShardedRun.fit_tokens), and the
+    corpus route's blocks (their rows left in the run's state by each shard's task; both runs
+    return the blocks' own rows: no guard at λ = 0.2 here)."""
     shards = _corpus(11, n=900, shards=3, ties=True, keep=True)
     kept = [s.kept() for s in shards]
     q, tok = _gathered(kept)
-    cfg = LearnerConfig.profile("pipeline", algorithm="Facility", lamb=0.5)
+    cfg = LearnerConfig.profile("pipeline", algorithm="Facility", lamb=lamb)
     target = int(tok.sum() * 0.2)
-    res = select_corpus(shards, cfg, CorpusBudget.of(select_tokens=target), mode="per_shard",
-                        gather_max_rows=0)
+    res = select_corpus(shards, cfg, CorpusBudget.of(select_tokens=target), mode=mode,
+                        gather_max_rows=0, block_rows=block_rows)
     k = CorpusBudget.of(select_tokens=target).rows(q.size, int(tok.sum()))
-    rows = select_corpus(shards, cfg, CorpusBudget.of(select_rows=k), mode="per_shard",
-                         gather_max_rows=0)
+    rows = select_corpus(shards, cfg, CorpusBudget.of(select_rows=k), mode=mode,
+                         gather_max_rows=0, block_rows=block_rows)
+    if mode == "exchange":
+        assert res.route == rows.route and res.route.startswith("greedy in ")
     offsets = np.cumsum([0] + [s.n for s in kept])
     sel = np.zeros(q.size, dtype=bool)
     for i, s in enumerate(kept):
@@ -123,33 +129,6 @@ def test_per_shard_with_a_token_budget_is_the_row_selection_fitted_by_quality():
                               s.own_rows(np.flatnonzero(want[offsets[i]:offsets[i + 1]])))
     assert res.tokens["selected"] == int(tok[want].sum()) <= target
     assert res.tokens["corpus"] == int(tok.sum()) and res.tokens["largest_document"] == tok.max()
-
-
-def test_facility_blocks_with_a_token_budget_fit_the_blocks_rows_in_their_tasks():
-    """Facility's corpus route past one selection with a token budget: the blocks' rows
-    (left in the run's state by each shard's task) fitted by quality, as fit_tokens fits the
-    same blocks selection of k rows on the gathered corpus."""
-    shards = _corpus(11, n=900, shards=3, ties=True, keep=True)
-    kept = [s.kept() for s in shards]
-    q, tok = _gathered(kept)
-    cfg = LearnerConfig.profile("pipeline", algorithm="Facility", lamb=0.2)
-    target = int(tok.sum() * 0.2)
-    budget = CorpusBudget.of(select_tokens=target)
-    res = select_corpus(shards, cfg, budget, mode="exchange", gather_max_rows=0, block_rows=128)
-    k = budget.rows(q.size, int(tok.sum()))
-    rows = select_corpus(shards, cfg, CorpusBudget.of(select_rows=k), mode="exchange",
-                         gather_max_rows=0, block_rows=128)
-    # both runs return the blocks' own rows (no guard: the rows run's blocks beat top-k)
-    assert res.route == rows.route and res.route.startswith("greedy in ")
-    offsets = np.cumsum([0] + [s.n for s in kept])
-    sel = np.zeros(q.size, dtype=bool)
-    for i, s in enumerate(kept):
-        sel[s.kept_rows(rows.selected[s.key]) + offsets[i]] = True
-    want = fit_tokens(sel, q, tok, target)
-    for i, s in enumerate(kept):
-        assert np.array_equal(res.selected[s.key],
-                              s.own_rows(np.flatnonzero(want[offsets[i]:offsets[i + 1]])))
-    assert res.tokens["selected"] == int(tok[want].sum()) <= target
 
 
 # ------------------------------------------------------------------ where counts are read
