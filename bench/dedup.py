@@ -15,14 +15,17 @@ template pages that must all stay), our dedup under several settings and datatro
     python -m bench.dedup labelled --per-kind 100 --per-template 75 --tag dedup_labelled
 
 ``centering``: the labelled set cut into more and smaller files, and its copies in a file of
-another source, with the semantic stage on the features' vectors (each file's language means
-taken out), on the model's vectors and on corpus-wide language means::
+another source, with the semantic stage on what the corpus stage reads (each language's mean
+over the whole corpus taken out: the default), on each file read by its own language means
+and on the model's vectors::
 
     python -m bench.dedup centering --files 2,4,8,16,32,64 --tag dedup_centering
 
-``planted`` and ``labelled`` (and ``centering``) embed as the pipeline does: each file through
-the features step (``assets.ingest.write_features``: the default model and quality scorer, each
-vector less its language's mean in its file, :func:`product_features`).
+``planted`` and ``labelled`` (and ``centering``) embed and read as the pipeline does: each file
+through the features step (``assets.ingest.write_features``: the default model and quality
+scorer; the features keep the model's vectors and record each language's sums), read back by
+the corpus stage's reader (``engine.corpus.shards.open_shards``: each vector less its
+language's mean over the whole corpus), :func:`product_features`.
 
 ``main_job``: the README's main job (``python -m datamask_pipeline.demo --data-root D
 --algorithm Pair_simi``, a subprocess) on the same kind of corpus written as files of only id
@@ -76,15 +79,19 @@ def _paragraphs(min_chars: int = 80) -> list:
 
 
 def product_features(texts: list, file_of, workdir: str, geometry: str | None = None) -> dict:
-    """The vectors the features step writes for ``texts``, as the pipeline ingests them: each
-    file (``file_of``) a raw shard of only ``id`` and ``text``, through
-    ``assets.ingest.write_features`` with the default embedder and quality scorer (which
-    detects each row's language) and the contract's ``embedding_language_geometry``
-    (``geometry``; None: the default, ``center``: each vector less its language's mean in its
-    file, ``engine.embed.language_centering``). Returns ``vectors`` (what the features carry,
-    the dedup's input: (n, d) float32 in the order of ``texts``), ``model`` (the model's
-    vectors before centering), ``languages`` (each row's detected language), ``centered``
-    (whether the features step centered them) and ``seconds`` (embedding and scoring)."""
+    """The vectors the corpus stage's dedup reads for ``texts``, as the pipeline ingests and
+    reads them: each file (``file_of``) a raw shard of only ``id`` and ``text`` under the data
+    root ``workdir``, through ``assets.ingest.write_features`` with the default embedder and
+    quality scorer (which detects each row's language) and the contract's
+    ``embedding_language_geometry`` (``geometry``; None: the default, ``center``: the features
+    keep the model's vectors and record each language's sums in their footer), then read back
+    by the corpus stage's own reader (``engine.corpus.shards.open_shards``: each shard's loader
+    centers by the corpus's language means, the sum of the footers). Returns ``vectors`` (what
+    the dedup reads: (n, d) float32 in the order of ``texts``), ``per_file`` (each file read
+    by its own means, as a shard's steps read it: ``read_shard`` without corpus sums),
+    ``model`` (the model's vectors, as the features store them), ``languages`` (each row's
+    detected language), ``centered`` (whether every footer records language sums) and
+    ``seconds`` (embedding and scoring)."""
     import shutil
 
     import pyarrow as pa
@@ -92,45 +99,58 @@ def product_features(texts: list, file_of, workdir: str, geometry: str | None = 
 
     from assets.ingest import write_features
     from datamask_pipeline.engine.contract import EMBEDDING
+    from datamask_pipeline.engine.corpus.shards import features_loader, open_shards
     from datamask_pipeline.engine.data import Columns
-    from datamask_pipeline.engine.embed import load_embedder
+    from datamask_pipeline.engine.embed import load_embedder, read_language_sums
     from datamask_pipeline.engine.quality import load_scorer
+    from datamask_pipeline.engine.storage import DataLayout
 
     shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
+    layout = DataLayout(workdir)
+    os.makedirs(layout.raw_root)
+    os.makedirs(os.path.dirname(layout.features("part_0")))
     n, file_of = len(texts), np.asarray(file_of)
     embedder, scorer = load_embedder(), load_scorer()
-    vectors = model = None
+    keys = {int(f): f"part_{f}" for f in np.unique(file_of)}
     languages = np.empty(n, dtype=object)
-    centered = []
+    model = None
     t0 = time.perf_counter()
-    for f in np.unique(file_of):
+    for f, key in keys.items():
         m = np.flatnonzero(file_of == f)
-        raw, out = (os.path.join(workdir, f"{w}_{f}.parquet") for w in ("part", "features"))
         pq.write_table(pa.table({"id": [f"doc{i:06d}" for i in m],
-                                 "text": [texts[i] for i in m]}), raw)
-        info = write_features(raw, out, Columns(id="id"), embedder=embedder, scorer=scorer,
-                              checkpoint_dir=os.path.join(workdir, f"emb_{f}"),
-                              quality_checkpoint_dir=os.path.join(workdir, f"q_{f}"),
-                              language_geometry=geometry)
-        t = pq.read_table(out, columns=[EMBEDDING, "language"])
-        v = np.asarray(t.column(EMBEDDING).combine_chunks().flatten(),
-                       dtype=np.float32).reshape(t.num_rows, -1)
+                                 "text": [texts[i] for i in m]}), layout.raw_shard(key))
+        write_features(layout.raw_shard(key), layout.features(key), Columns(id="id"),
+                       embedder=embedder, scorer=scorer,
+                       checkpoint_dir=os.path.join(workdir, f"emb_{f}"),
+                       quality_checkpoint_dir=os.path.join(workdir, f"q_{f}"),
+                       language_geometry=geometry)
+        t = pq.read_table(layout.features(key), columns=["id", EMBEDDING, "language"])
         if t.num_rows != m.size:
             raise RuntimeError(f"file {f}: {t.num_rows} features rows for {m.size} texts")
-        if vectors is None:
-            vectors = np.zeros((n, v.shape[1]), np.float32)
+        at = np.array([int(s[3:]) for s in t.column("id").to_pylist()])
+        v = np.asarray(t.column(EMBEDDING).combine_chunks().flatten(),
+                       dtype=np.float32).reshape(t.num_rows, -1)
+        if model is None:
             model = np.zeros((n, v.shape[1]), np.float32)
-        vectors[m], model[m] = v, info["embedding"].load()
-        languages[m] = t.column("language").to_pylist()
-        centered.append(info["centering"] is not None)
-        if centered[-1] and np.array_equal(v, model[m]):
-            # the features would carry the model's vectors and leave the centering to their
-            # readers: the dedup's input is then what the corpus stage reads, not this column
-            raise RuntimeError("the features step centers but writes the model's vectors: "
-                               "take the dedup's vectors from the corpus stage's reader")
-    return {"vectors": vectors, "model": model, "languages": languages,
-            "centered": all(centered), "seconds": time.perf_counter() - t0}
+        model[at] = v
+        languages[at] = t.column("language").to_pylist()
+    seconds = time.perf_counter() - t0
+
+    def place(shards) -> np.ndarray:
+        out = np.full(model.shape, np.nan, np.float32)
+        for s in shards:
+            out[[int(str(i)[3:]) for i in s.ids]] = s.embeddings
+        if np.isnan(out).any():
+            raise RuntimeError("a row the features hold was not read back")
+        return out
+
+    # the corpus stage's reader (assets.corpus.corpus_shards -> open_shards): the dedup's input
+    opened = open_shards(layout, list(keys.values()))
+    vectors = place(opened[k].load() for k in keys.values())
+    per_file = place(features_loader(layout.features(k))() for k in keys.values())
+    centered = all(read_language_sums(layout.features(k)) is not None for k in keys.values())
+    return {"vectors": vectors, "per_file": per_file, "model": model, "languages": languages,
+            "centered": centered, "seconds": seconds}
 
 
 def _planted_texts(rng, pairs: int, footers: str = "same") -> tuple:
@@ -148,7 +168,7 @@ def _planted_texts(rng, pairs: int, footers: str = "same") -> tuple:
 def run_planted(pairs: int, files: int, threshold: float, containment: float, seed: int,
                 footers: str = "same", workdir: str = "/tmp/dedup_planted") -> dict:
     """Recall and precision on planted copies (the module docstring), on the vectors the
-    features step writes for each file (:func:`product_features`)."""
+    corpus stage reads from the features of each file (:func:`product_features`)."""
     from datamask_pipeline.engine.corpus.dedup import deduplicate
 
     rng = np.random.default_rng(seed)
@@ -172,6 +192,7 @@ def run_planted(pairs: int, files: int, threshold: float, containment: float, se
     out = {"rows": n, "pairs": pairs, "files": files, "threshold": threshold, "footers": footers,
            "containment": containment, "embed_s": embed_s,
            "geometry": "center" if feats["centered"] else "off",
+           "centered_by": "corpus" if feats["centered"] else None,
            "planted_cosine": {"min": float(cos_planted.min()),
                               "median": float(np.median(cos_planted)),
                               "share_ge_threshold": float((cos_planted >= threshold).mean())},
@@ -444,7 +465,10 @@ def planted_markdown(r: dict) -> str:
     lines = [f"{r['rows'] - r['pairs']:,} paragraphs of CPython's reference manual and "
              f"{r['pairs']} planted copies ({r['rows']:,} rows; a copy is a paragraph again with "
              f"{foot}, in another of {r['files']} files), embedded with the "
-             + ("default model and centered by language in each file (the features step's "
+             + ("default model and centered by each language's mean over the whole corpus, as "
+                "the corpus stage reads the features (the default): "
+                if r.get("centered_by") == "corpus" else
+                "default model and centered by language in each file (the features step's "
                 "default): " if r.get("geometry") == "center" else "default model: ")
              + f"the planted copies' cosine to their originals is {pc['min']:.3f} at "
              f"least, {pc['median']:.3f} in the median; {pc['share_ge_threshold']:.0%} reach the "
@@ -675,7 +699,10 @@ LABELLED_SETTINGS = (
     ("ours, fuzzy stage only on texts of >= 8 3-grams", {"fuzzy_min_shingles": 8}),
     ("ours, common lines kept (no boilerplate rule)", {"boilerplate_min_docs": None}),
     ("ours, exact+fuzzy only", {"near": False}),
-    # the vectors before the features step's centering (embedding_language_geometry off)
+    # each file read by its own language means (what a shard's steps read; what the dedup
+    # read before the corpus stage centered by the corpus's means)
+    ("ours (defaults), each file's own language means", {"vectors": "per_file"}),
+    # the vectors before any centering (embedding_language_geometry off)
     ("ours (defaults), the model's vectors (geometry off)", {"vectors": "model"}),
     ("ours, no text guard, the model's vectors (geometry off)", {"vectors": "model",
                                                                   "near_containment": 0.0}),
@@ -724,17 +751,18 @@ def _labelled_cosines(v: np.ndarray, group: list, pairs: list) -> tuple:
 def run_labelled(per_kind: int, per_template: int, files: int, seed: int, workdir: str,
                  thresholds=(0.95, 0.98, 0.99), guards=(0.0, 0.2, 0.3, 0.5)) -> dict:
     """Precision and recall per kind on :func:`labelled_set`, for our dedup (the vectors the
-    features step writes: the default model's, centered by language in each file,
-    :func:`product_features`; qualities drawn at random with each copy a little worse than
-    its original) under the settings of ``LABELLED_SETTINGS`` and a sweep of the semantic
-    threshold x text guard, and for datatrove's MinHash; throughput of each."""
+    corpus stage reads from the features step's files: the default model's, each less its
+    language's mean over the whole corpus, :func:`product_features`; qualities drawn at random
+    with each copy a little worse than its original) under the settings of
+    ``LABELLED_SETTINGS`` and a sweep of the semantic threshold x text guard, and for
+    datatrove's MinHash; throughput of each."""
     from datamask_pipeline.engine.corpus.dedup import deduplicate
 
     lay = _labelled_layout(per_kind, per_template, files, seed)
     texts, group, pairs, n = lay["texts"], lay["group"], lay["pairs"], lay["n"]
     q, file_of, row_of, where = lay["q"], lay["file_of"], lay["row_of"], lay["where"]
-    # the vectors the features step writes (the dedup's input): each file embedded and
-    # centered by language as ingestion does
+    # the dedup's input: each file embedded as ingestion does, read back by the corpus stage's
+    # reader (centered by the corpus's language means)
     feats = product_features(texts, file_of, os.path.join(workdir, "features"))
     x, x_model = feats["vectors"], feats["model"]
 
@@ -747,8 +775,9 @@ def run_labelled(per_kind: int, per_template: int, files: int, seed: int, workdi
     out = {"rows": n, "per_kind": per_kind, "per_template": per_template, "files": files,
            "groups": {g: group.count(g) for g in sorted(set(group))},
            "embed_s": feats["seconds"], "geometry": "center" if feats["centered"] else "off",
-           "languages": {k: langs.count(k) for k in sorted(set(langs), key=langs.count,
-                                                           reverse=True)},
+           "centered_by": "corpus" if feats["centered"] else None,
+           "languages": {k: langs.count(k) for k in sorted(
+               set(langs), key=lambda k: (-langs.count(k), str(k)))},
            "planted_cosine": pcos, "template_cosine": tcos,
            "planted_cosine_model": pcos_model, "template_cosine_model": tcos_model,
            "cpu": cpu_model(), "runs": {}, "sweep": []}
@@ -763,8 +792,8 @@ def run_labelled(per_kind: int, per_template: int, files: int, seed: int, workdi
 
     ours(near=False)  # warm-up: the first call loads faiss and datasketch
     for name, kw in LABELLED_SETTINGS:
-        if kw.get("vectors") == "model":
-            kw = {**kw, "vectors": x_model}
+        if kw.get("vectors") in ("model", "per_file"):
+            kw = {**kw, "vectors": x_model if kw["vectors"] == "model" else feats["per_file"]}
         res, dropped, secs = ours(**kw)
         sc = _score(dropped, pairs, group)
         sc.update(seconds=secs, rows_per_s=n / secs, stats={k: v for k, v in res.stats.items()
@@ -794,37 +823,47 @@ def run_labelled(per_kind: int, per_template: int, files: int, seed: int, workdi
     return out
 
 
-CENTERING_GEOMETRIES = ("per file (the features step)", "off (the model's vectors)",
-                        "corpus-wide language means")
+# the vectors the dedup could compare: what the corpus stage's reader gives (the product's
+# default), each file read by its own language means (what a shard's steps read, and what the
+# features carried before they kept the model's vectors), the model's vectors (geometry off)
+CENTERING_GEOMETRIES = ("corpus-wide language means (the corpus stage's reader: the default)",
+                        "per file (each file's own language means)",
+                        "off (the model's vectors)")
 
 
 def run_centering(per_kind: int, per_template: int, files_list, seed: int, workdir: str,
                   mixes=(0, 800), thresholds=(0.95, 0.9, 0.8)) -> dict:
     """The labelled set (:func:`_labelled_layout`) cut into each number of files of
-    ``files_list``, through the features step (:func:`product_features`): our dedup under
-    its defaults on the vectors the features carry (each file's language means taken out),
-    on the model's vectors (``embedding_language_geometry`` off) and on the model's vectors
-    less each language's mean over the whole corpus (not built: what one more pass would
-    give). Per number of files and geometry: the planted copies' cosine to their originals,
-    recall per kind, precision and the template pages dropped. Then ``sources``: the planted
-    copies in one file and their originals in another, the copies' file with each number of
-    ``mixes`` documents of man-page text beside them (:func:`man_documents`): what
-    centering does to a copy whose file is of another source (recall only: the man pages'
-    own duplicates are not labelled). ``thresholds``: the defaults on the features' vectors
-    with each lower semantic threshold, in every layout."""
+    ``files_list``, through the features step and read back as the corpus stage reads it
+    (:func:`product_features`): our dedup under its defaults on each geometry of
+    ``CENTERING_GEOMETRIES``: the vectors the corpus stage's reader gives (each language's mean
+    over the whole corpus taken out: the product's default), each file read by its own
+    language means (what a shard's steps read) and the model's vectors
+    (``embedding_language_geometry`` off). Per number of files and geometry: the planted
+    copies' cosine to their originals, recall per kind, precision and the template pages
+    dropped; ``cut``: the largest difference of the default's vectors from the first layout's
+    (the same rows cut otherwise). Then ``sources``: the planted copies in one file and their
+    originals in another, the copies' file with each number of ``mixes`` documents of
+    man-page text beside them (:func:`man_documents`): what centering does to a copy whose
+    file is of another source (recall only: the man pages' own duplicates are not labelled).
+    ``thresholds``: the defaults on the default's vectors with each lower semantic threshold,
+    in every layout."""
     from datamask_pipeline.engine.corpus.dedup import deduplicate
-    from datamask_pipeline.engine.embed import language_centering
 
     out = {"per_kind": per_kind, "per_template": per_template, "cpu": cpu_model(), "runs": [],
-           "sources": [], "thresholds": []}
+           "sources": [], "thresholds": [], "cut": []}
+    first = None
     for files in files_list:
         lay = _labelled_layout(per_kind, per_template, files, seed)
         texts, group, pairs, n = lay["texts"], lay["group"], lay["pairs"], lay["n"]
         feats = product_features(texts, lay["file_of"], os.path.join(workdir, f"f{files}"))
-        model = feats["model"]
-        corpus = language_centering([model], feats["languages"].tolist()).apply(model, 0)
+        if first is None:
+            first = (files, feats["vectors"])
+        out["cut"].append({"files": files, "vs_files": first[0], "max_abs_diff": float(
+            np.abs(feats["vectors"] - first[1]).max())})
         arr = np.asarray(texts, dtype=object)
-        for geometry, x in zip(CENTERING_GEOMETRIES, (feats["vectors"], model, corpus)):
+        for geometry, x in zip(CENTERING_GEOMETRIES, (feats["vectors"], feats["per_file"],
+                                                      feats["model"])):
             res = deduplicate(x, lay["q"], np.arange(n), lay["file_of"], lay["row_of"], arr)
             dropped = {lay["where"][(d["shard"], d["row"])] for d in res.dropped}
             sc = _score(dropped, pairs, group)
@@ -836,7 +875,7 @@ def run_centering(per_kind: int, per_template: int, files_list, seed: int, workd
                   f"min {pcos['near']['min']:.3f} median {pcos['near']['median']:.3f}: recall "
                   f"{sc['recall_all']:.3f} {sc['recall']} precision {sc['precision']:.3f} "
                   f"template pages dropped {sc['template_pages_dropped']}", flush=True)
-        for t in thresholds:  # a lower threshold on the features' vectors, the guard as it is
+        for t in thresholds:  # a lower threshold on the default's vectors, the guard as it is
             res = deduplicate(feats["vectors"], lay["q"], np.arange(n), lay["file_of"],
                               lay["row_of"], arr, threshold=t)
             sc = _score({lay["where"][(d["shard"], d["row"])] for d in res.dropped}, pairs,
@@ -867,10 +906,9 @@ def run_centering(per_kind: int, per_template: int, files_list, seed: int, workd
             q[c] = q[o] - 1e-3
         row_of = np.concatenate([np.arange(len(keep)), np.arange(n - len(keep))])
         feats = product_features(t, file_of, os.path.join(workdir, f"mix{mix}"))
-        model = feats["model"]
-        corpus = language_centering([model], feats["languages"].tolist()).apply(model, 0)
         arr = np.asarray(t, dtype=object)
-        for geometry, x in zip(CENTERING_GEOMETRIES, (feats["vectors"], model, corpus)):
+        for geometry, x in zip(CENTERING_GEOMETRIES, (feats["vectors"], feats["per_file"],
+                                                      feats["model"])):
             res = deduplicate(x, q, np.arange(n), file_of, row_of, arr)
             dropped = {(len(keep) if d["shard"] else 0) + d["row"] for d in res.dropped}
             sc = _score(dropped, sp, g)
@@ -893,15 +931,20 @@ def run_centering(per_kind: int, per_template: int, files_list, seed: int, workd
 
 
 def centering_markdown(r: dict) -> str:
+    default = CENTERING_GEOMETRIES[0]
     lines = [f"The labelled set ({r['runs'][0]['rows']:,} rows: {r['per_kind']} planted copies "
              f"per kind, {r['per_template']} template pages per template; as in the labelled "
              "measure, each copy in another file than its original) cut into more and smaller "
              "files, each file through the features step (quality scorer and language detection, "
-             "the default model, centering by language in the file), then our dedup under its "
-             "defaults on three geometries: the vectors the features carry (the default), the "
-             "model's vectors (`embedding_language_geometry: off`), and the model's vectors less "
-             "each language's mean over the whole corpus (not built). Near copies: the same "
-             "words reordered (the model's cosine 1.000); only the semantic stage finds them.", "",
+             "the default model; the features keep the model's vectors and record each "
+             "language's sums in their footer), then our dedup under its defaults on three "
+             "geometries: the vectors the corpus stage's reader gives (`open_shards`: each "
+             "vector less its language's mean over the whole corpus, from the sum of the "
+             "footers; what the dedup reads, the default), each file read by its own language "
+             "means (what a shard's steps read; what the dedup read before the corpus stage "
+             "centered by the corpus's means) and the model's vectors "
+             "(`embedding_language_geometry: off`). Near copies: the same words reordered (the "
+             "model's cosine 1.000); only the semantic stage finds them.", "",
              "| files | rows a file | geometry | near copies' cosine min / median | recall near "
              "| recall all | precision | template pages dropped |",
              "|---:|---:|---|---|---:|---:|---:|---:|"]
@@ -911,6 +954,10 @@ def centering_markdown(r: dict) -> str:
                      f"{c['min']:.3f} / {c['median']:.3f} | {s['recall']['near']:.3f} | "
                      f"{s['recall_all']:.3f} | {s['precision']:.3f} | "
                      f"{s['template_pages_dropped']} |")
+    if r.get("cut"):
+        lines += ["", f"The default's vectors do not depend on the cut: largest difference from "
+                  f"the {r['cut'][0]['vs_files']} files' vectors, per layout: " + ", ".join(
+                      f"{c['files']} files {c['max_abs_diff']:.1e}" for c in r["cut"]) + "."]
     lines += ["", "Files that differ in what they hold: the planted copies all in one file (a "
               "quarter of them upper-cased, a quarter with the common footer), their originals "
               "in another with the manual's other paragraphs, and beside the copies 0 or more "
@@ -924,9 +971,10 @@ def centering_markdown(r: dict) -> str:
                      f"{c['median']:.3f} | {rc['exact']:.3f} | {rc['footer']:.3f} | "
                      f"{rc['fuzzy']:.3f} | {rc['near']:.3f} | {s['recall_all']:.3f} |")
     if r.get("thresholds"):
-        lines += ["", "A lower semantic threshold on the features' vectors (the text guard and "
-                  "every other setting the defaults; precision and template pages only where the "
-                  "set has them):", "",
+        name = default.split(" (")[0]
+        lines += ["", f"A lower semantic threshold on the default's vectors ({name}; "
+                  "the text guard and every other setting the defaults; precision and template "
+                  "pages only where the set has them):", "",
                   "| layout | threshold | recall near | recall all | precision | template pages "
                   "dropped |", "|---|---:|---:|---:|---:|---:|"]
         for s in r["thresholds"]:
@@ -982,9 +1030,16 @@ def _labelled_embeddings(r: dict) -> str:
         return (f"Embeddings: the default model (embedding took {r['embed_s']:.1f} s, not in "
                 "the dedup's seconds).")
     langs = ", ".join(f"{k or 'none'} {v:,}" for k, v in r["languages"].items())
-    how = ("each vector less the mean of its language's rows in its file (the default "
-           "`embedding_language_geometry: center`)" if r["geometry"] == "center"
-           else "the model's vectors (`embedding_language_geometry: off`)")
+    if r["geometry"] != "center":
+        how = "the model's vectors (`embedding_language_geometry: off`)"
+    elif r.get("centered_by") == "corpus":
+        how = ("read as the corpus stage reads them (`engine.corpus.shards.open_shards`): each "
+               "vector less its language's mean over the whole corpus, from the language sums "
+               "the features' footers record (the default `embedding_language_geometry: "
+               "center`)")
+    else:  # a run from before the corpus stage centered by the corpus's means
+        how = ("each vector less the mean of its language's rows in its file (the default "
+               "`embedding_language_geometry: center`)")
     return (f"Embeddings: the features step's, file by file (`assets.ingest.write_features`: "
             f"the default model, the quality scorer's language per row: {langs}; {how}; "
             f"{r['embed_s']:.1f} s, not in the dedup's seconds).")
