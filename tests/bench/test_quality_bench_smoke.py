@@ -12,8 +12,8 @@ def test_quick_run_writes_json_and_report(tmp_path):
     assert bench_quality.main(["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "results_quality.json").read_text())
     assert res["default"] == {"combination": Q.COMBINATION, "signals": list(Q.DEFAULT_SIGNALS)}
-    for name, m in res["sources"].items():
-        assert m["auc"][f"combination:{Q.COMBINATION}"]["all"] >= 0.9, name  # issue 25's bar (lowest on this sample: docstrings 0.915)
+    for name, m in res["sources"].items():  # issue 25's bar (lowest here: docstrings 0.915)
+        assert m["auc"][f"combination:{Q.COMBINATION}"]["all"] >= 0.9, name
         assert {f"combination:{c}" for c in Q.COMBINATIONS} <= set(m["auc"])
         assert m["good_at_1"] == 0.0
     assert res["throughput"]["docs_per_s_per_core"] > 0
