@@ -60,7 +60,7 @@ def test_chain_per_partition(registered, run_chain, data_root, resources):
         assert fmeta["bytes"].value == os.path.getsize(fpath)
         assert fmeta["sha256"].value == _sha(fpath)
         assert mats["features"].tags["dagster/data_version"] == _sha(fpath)
-        assert mats["features"].tags["dagster/code_version"] == "features-1"
+        assert mats["features"].tags["dagster/code_version"] == "features-2"
 
         # ---- mask: per-sample id / logit / rank / selected
         m = pq.read_table(data_root.mask(key))

@@ -18,7 +18,7 @@ EXPECTED_ASSETS = {
     "raw_shard": dict(group="datamask", deps=[], partitions="shards", kinds=["parquet"],
                       code_version=None, executable=True),
     "features": dict(group="datamask", deps=["raw_shard"], partitions="shards",
-                     kinds=["parquet", "pyarrow"], code_version="features-1", executable=True),
+                     kinds=["parquet", "pyarrow"], code_version="features-2", executable=True),
     # the logic's version + the default knobs' config hash: a new default makes masks stale
     "mask": dict(group="datamask", deps=["features"], partitions="shards", kinds=["torch"],
                  code_version="mask-2+cfg-" + default_knobs_hash(),
