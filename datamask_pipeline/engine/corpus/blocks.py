@@ -254,12 +254,11 @@ def task_take(shared, g: int, take_eq: int, shards_in: list):
 
 def task_collect(ctx: BlockContext, i: int, groups: np.ndarray):
     """Shard ``i``'s selected rows from its groups' takes, saved as version 0 of the run's
-    state (never sent to the coordinator); returns their count."""
+    state (never sent to the coordinator; the takes are removed with the groups' files by
+    :func:`task_clear_groups`); returns their count."""
     rows = [_npz_read(storage.read_bytes(_pick_uri(ctx, int(g), i)))["rows"] for g in groups]
     rows = np.sort(np.concatenate([np.zeros(0, dtype=np.int64)] + rows))
     ctx.state.save_rows(i, 0, rows)
-    for g in groups:
-        storage.remove(_pick_uri(ctx, int(g), i))
     return int(rows.size)
 
 
@@ -384,7 +383,7 @@ def select_blocks(shards: list, ctx: BlockContext, ex, log=lambda m: None,
             seqs.update(zip(todo, res))
             groups = sorted(seqs)
             total = sum(seqs[g][1] for g in groups)
-            if total > k:  # the k-th largest gain of the merged sequences, ties in block order
+            if total >= k:  # the k-th largest gain of the merged sequences, ties in block order
                 t, takes = kth_largest(ex, group_gains, ctx, [(g,) for g in groups], k,
                                        (min(seqs[g][2] for g in groups),
                                         max(seqs[g][3] for g in groups)))

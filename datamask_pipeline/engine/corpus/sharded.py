@@ -205,17 +205,12 @@ def task_token_pass(shared, i: int, shard, version: int):
 
 
 def task_quality(_, shard):
-    """The shard's quality (token budgets' fit only)."""
+    """The shard's quality (whole-corpus scoring; the values :func:`topk_threshold` ranks)."""
     return np.asarray(_load(shard).quality, dtype=np.float64)
 
 
 def task_rows(ctx: RunContext, i: int, version: int):
     return ctx.state.load_rows(i, version)[0]
-
-
-def quality_of(_, shard) -> np.ndarray:
-    """The shard's quality (the values :func:`topk_threshold` ranks)."""
-    return np.asarray(_load(shard).quality, dtype=np.float64)
 
 
 def task_histogram(shared, *args):
@@ -303,7 +298,7 @@ def topk_threshold(ex, shards: list, k: int, q_range: tuple) -> tuple[float, lis
     """The corpus's quality top-k without its rows: (t, rows at t each shard takes)
     (:func:`kth_largest` of the shards' quality); ties at t go to the first rows in (shard,
     row) order."""
-    return kth_largest(ex, quality_of, None, [(s,) for s in shards], k, q_range)
+    return kth_largest(ex, task_quality, None, [(s,) for s in shards], k, q_range)
 
 
 # ------------------------------------------------------------------ the coordinator
